@@ -1,0 +1,79 @@
+"""The broker's error hierarchy. Every error says what went wrong and what to do next."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class SpillwayError(Exception):
+    """Base of every error Spillway raises on purpose."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one field of user input."""
+
+    field: str
+    problem: str
+    allowed: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field}: {self.problem}"
+        return f"{text} (allowed: {self.allowed})" if self.allowed else text
+
+    def to_dict(self) -> dict[str, str]:
+        return {"field": self.field, "problem": self.problem, "allowed": self.allowed}
+
+
+class SpecError(SpillwayError, ValueError):
+    """A JobSpec (or other user input) was refused. Nothing was stored."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(f"invalid job spec ({len(self.errors)} problem(s)):\n{lines}")
+
+
+class ConfigError(SpillwayError):
+    """The configuration file or environment is invalid."""
+
+
+class InvalidTransition(SpillwayError):
+    """A job was asked to move along an edge the state machine does not have."""
+
+    def __init__(self, job_id: str, src: str, dst: str) -> None:
+        self.job_id, self.src, self.dst = job_id, src, dst
+        super().__init__(f"job {job_id}: illegal state change {src} -> {dst}")
+
+
+class StoreError(SpillwayError):
+    """Base of store errors."""
+
+
+class JobNotFound(StoreError, KeyError):
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id!r}; `spillway queue --all` lists known jobs")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class StaleAttempt(StoreError):
+    """A worker acted on an attempt that is no longer the job's current one (fencing)."""
+
+    def __init__(self, job_id: str, attempt: int, current: int, state: str) -> None:
+        self.job_id, self.attempt, self.current, self.state = job_id, attempt, current, state
+        super().__init__(
+            f"job {job_id}: attempt {attempt} is stale (current attempt {current}, state {state});"
+            " the worker must stop acting on it"
+        )
+
+
+class Conflict(StoreError):
+    """A compare-and-set write lost a race too many times."""
+
+
+class NodeNotLive(StoreError):
+    """A node's lease expired or it never registered."""

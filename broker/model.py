@@ -1,0 +1,523 @@
+"""The model: what a user asks for (JobSpec), what the system tracks (Job, Node).
+
+JobSpec is a frozen pydantic model validated at the edge. Everything else is a frozen
+dataclass changed with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from broker.config import Config
+from broker.errors import FieldError, SpecError
+from broker.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
+from broker.state import JobState
+
+SITES = ("onprem", "cloud", "spot")
+_DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(value: str | float | int) -> float:
+    """``"6h"``, ``"1h30m"``, ``"90s"``, ``"2d"``, ``"HH:MM:SS"`` or seconds, as seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    if re.fullmatch(r"\d+:\d{2}(:\d{2})?", text):
+        parts = [int(p) for p in text.split(":")]
+        while len(parts) < 3:
+            parts.append(0)
+        return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
+    pos, total = 0, 0.0
+    for m in _DUR_RE.finditer(text.replace(" ", "")):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or pos != len(text.replace(" ", "")):
+        raise ValueError(f"{value!r} is not a duration like 90s, 30m, 6h, 1h30m, 2d or HH:MM:SS")
+    return total
+
+
+def parse_time(value: str | float | int) -> float:
+    """An ISO 8601 timestamp (UTC if no zone) or epoch seconds, as epoch seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        dt = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO 8601 time or epoch seconds") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one job needs. ``gpus`` and ``cpus``/``memory_gb`` are per node."""
+
+    gpus: int = 1
+    gpu_types: tuple[str, ...] = ()  # families (A100) or models (A100-80GB); empty: any
+    min_gpu_memory_gb: float = 0.0
+    mig_profile: str | None = None  # then ``gpus`` counts MIG instances of that profile
+    cpus: float = 1.0
+    memory_gb: float = 0.0
+    nodes: int = 1
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.nodes
+
+
+class JobSpec(BaseModel):
+    """What a user asks for. Immutable; validated on construction and again against config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+
+    command: list[str] | str
+    name: str | None = None
+    env: dict[str, str] = {}
+    workdir: str | None = None
+    gpus: int = 1
+    gpu_types: tuple[str, ...] = ()
+    min_gpu_memory_gb: float = 0.0
+    mig_profile: str | None = None
+    cpus: float = 1.0
+    memory_gb: float = 0.0
+    nodes: int = 1
+    priority: str | None = None
+    team: str | None = None
+    time_limit: float | None = None
+    deadline: float | None = None
+    checkpoint_dir: str | None = None
+    sites: tuple[str, ...] = ("onprem", "cloud", "spot")
+    max_price_per_hour: float | None = None
+    labels: dict[str, str] = {}
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("must not be empty")
+            try:
+                shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"is not a valid shell command ({e})") from None
+            return v
+        if not v or not v[0].strip():
+            raise ValueError("must be a non-empty argv list or shell string")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: int) -> int:
+        if v < 0 or v > 64:
+            raise ValueError(f"must be between 0 and 64 per node, got {v}")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: int) -> int:
+        if v < 1 or v > 1024:
+            raise ValueError(f"must be between 1 and 1024, got {v}")
+        return v
+
+    @field_validator("cpus", "memory_gb", "min_gpu_memory_gb")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"must be zero or more, got {v}")
+        return v
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _gpu_types(cls, v: Any) -> tuple[str, ...]:
+        if v is None:
+            return ()
+        items = [v] if isinstance(v, str) else list(v)
+        out = []
+        for item in items:
+            for part in str(item).split(","):
+                if not part.strip():
+                    continue
+                norm = normalise_type(part)
+                if norm is None:
+                    raise ValueError(
+                        f"unknown GPU type {part.strip()!r}; allowed: families "
+                        "K80, P100, T4, V100, A10G, A10, L4, A40, A6000, L40S, A100, H100, "
+                        f"H200, B200, RTX4090 or models {', '.join(KNOWN_MODELS)}"
+                    )
+                out.append(norm)
+        return tuple(dict.fromkeys(out))
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _mig(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.lower()
+        if v not in ALL_MIG_PROFILES:
+            raise ValueError(f"unknown MIG profile {v!r}; allowed: {', '.join(ALL_MIG_PROFILES)}")
+        return v
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> float | None:
+        if v is None:
+            return None
+        secs = parse_duration(v)
+        if secs <= 0:
+            raise ValueError("must be positive")
+        return secs
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, v: Any) -> float | None:
+        return None if v is None else parse_time(v)
+
+    @field_validator("sites", mode="before")
+    @classmethod
+    def _sites(cls, v: Any) -> tuple[str, ...]:
+        items = [v] if isinstance(v, str) else list(v or ())
+        parts = [p.strip().lower() for item in items for p in str(item).split(",") if p.strip()]
+        bad = [p for p in parts if p not in SITES]
+        if bad or not parts:
+            raise ValueError(f"{bad or 'empty'} not allowed; choose from {', '.join(SITES)}")
+        return tuple(dict.fromkeys(parts))
+
+    @field_validator("max_price_per_hour")
+    @classmethod
+    def _price(cls, v: float | None) -> float | None:
+        if v is not None and v <= 0:
+            raise ValueError("must be positive (dollars per hour)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.mig_profile and self.nodes > 1:
+            raise ValueError("mig_profile jobs run on one node (nodes must be 1)")
+        if self.mig_profile and self.gpus == 0:
+            raise ValueError("mig_profile needs gpus >= 1 (the number of MIG instances)")
+        if self.mig_profile and self.gpu_types:
+            ok = [m for m, ps in MIG_PROFILES.items() if self.mig_profile in ps]
+            if not any(m == t or m.startswith(t + "-") for m in ok for t in self.gpu_types):
+                raise ValueError(
+                    f"MIG profile {self.mig_profile} exists only on {', '.join(ok)}"
+                )
+        return self
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(
+            gpus=self.gpus,
+            gpu_types=self.gpu_types,
+            min_gpu_memory_gb=self.min_gpu_memory_gb,
+            mig_profile=self.mig_profile,
+            cpus=self.cpus,
+            memory_gb=self.memory_gb,
+            nodes=self.nodes,
+        )
+
+    @property
+    def argv(self) -> list[str]:
+        """The command as an argv list (a shell string runs under ``/bin/sh -c``)."""
+        return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else self.command
+
+    @property
+    def display_command(self) -> str:
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], config: Config | None = None) -> JobSpec:
+        """Validate user input; raise :class:`SpecError` naming every bad field."""
+        try:
+            spec = cls.model_validate(dict(data))
+        except ValidationError as e:
+            raise SpecError([_field_error(err) for err in e.errors()]) from None
+        return spec.checked(config) if config is not None else spec
+
+    def checked(self, config: Config) -> JobSpec:
+        """Resolve defaults from config and check the class; raise SpecError if unknown."""
+        prio = self.priority or config.default_class
+        if config.priority(prio) is None:
+            raise SpecError(
+                [FieldError("priority", f"unknown priority class {prio!r}",
+                            ", ".join(config.class_names))]
+            )
+        team = self.team or config.default_team
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", team):
+            raise SpecError([FieldError("team", f"{team!r} is not a valid team name",
+                                        "1-64 letters, digits, '.', '_' or '-'")])
+        if prio == self.priority and team == self.team:
+            return self
+        return self.model_copy(update={"priority": prio, "team": team})
+
+
+_ALLOWED_HINT = {
+    "gpus": "0..64 per node",
+    "nodes": "1..1024",
+    "cpus": ">= 0",
+    "memory_gb": ">= 0",
+    "min_gpu_memory_gb": ">= 0",
+    "sites": ", ".join(SITES),
+    "time_limit": "a duration such as 30m, 6h, 2d, or seconds",
+    "deadline": "ISO 8601 time or epoch seconds",
+}
+
+
+def _field_error(err: Mapping[str, Any]) -> FieldError:
+    loc = ".".join(str(p) for p in err.get("loc", ()) if not str(p).startswith("function-"))
+    # pydantic reports list[str] | str unions under the member types; name the field itself.
+    loc = re.sub(r"\.(list\[str\]|str)(\.\d+)?$", "", loc) or "spec"
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        msg = "is not a JobSpec field"
+        allowed = ", ".join(JobSpec.model_fields)
+    elif err.get("type") == "missing":
+        msg = "is required"
+        allowed = ""
+    else:
+        allowed = _ALLOWED_HINT.get(loc.split(".")[0], "")
+    return FieldError(loc, msg, allowed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The GPUs one job holds on one node; ``rank`` orders the nodes of a gang."""
+
+    node_id: str
+    gpu_ids: tuple[str, ...]
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    state: JobState
+    time: float
+    reason: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One placement of a job, kept after it ends so GPU use can be audited."""
+
+    number: int
+    allocations: tuple[Allocation, ...]
+    started_at: float
+    ended_at: float | None = None
+    outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a job is still pending. ``code`` is stable (Priority, Resources, NoFeasibleNode...)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    spec: JobSpec
+    state: JobState
+    submitted_at: float
+    attempt: int = 1
+    version: int = 1
+    history: tuple[HistoryEntry, ...] = ()
+    allocations: tuple[Allocation, ...] = ()  # the current attempt's GPUs
+    attempts: tuple[Attempt, ...] = ()  # every placement, past and current
+    exit_code: int | None = None
+    parts_exited: tuple[tuple[int, int], ...] = ()  # (rank, exit code) of the current attempt
+    stop_target: JobState | None = None  # CANCELLED or PREEMPTED while STOPPING
+    pending_reason: Reason | None = None
+    started_at: float | None = None  # when the current attempt started RUNNING
+    finished_at: float | None = None
+
+    @property
+    def priority(self) -> str:
+        return self.spec.priority or "normal"
+
+    @property
+    def team(self) -> str:
+        return self.spec.team or "default"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.id
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(a.node_id for a in self.allocations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "spec": self.spec.model_dump(mode="json"),
+            "state": self.state.value,
+            "submitted_at": self.submitted_at,
+            "attempt": self.attempt,
+            "version": self.version,
+            "history": [[h.state.value, h.time, h.reason, h.attempt] for h in self.history],
+            "allocations": [_alloc_dict(a) for a in self.allocations],
+            "attempts": [
+                {
+                    "number": a.number,
+                    "allocations": [_alloc_dict(x) for x in a.allocations],
+                    "started_at": a.started_at,
+                    "ended_at": a.ended_at,
+                    "outcome": a.outcome,
+                }
+                for a in self.attempts
+            ],
+            "exit_code": self.exit_code,
+            "parts_exited": [list(p) for p in self.parts_exited],
+            "stop_target": self.stop_target.value if self.stop_target else None,
+            "pending_reason": (
+                [self.pending_reason.code, self.pending_reason.message]
+                if self.pending_reason else None
+            ),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Job:
+        return cls(
+            id=d["id"],
+            spec=JobSpec.model_construct(**_spec_fields(d["spec"])),
+            state=JobState(d["state"]),
+            submitted_at=d["submitted_at"],
+            attempt=d["attempt"],
+            version=d["version"],
+            history=tuple(HistoryEntry(JobState(s), t, r, a) for s, t, r, a in d["history"]),
+            allocations=tuple(_alloc(a) for a in d["allocations"]),
+            attempts=tuple(
+                Attempt(a["number"], tuple(_alloc(x) for x in a["allocations"]),
+                        a["started_at"], a["ended_at"], a["outcome"])
+                for a in d["attempts"]
+            ),
+            exit_code=d["exit_code"],
+            parts_exited=tuple((r, c) for r, c in d["parts_exited"]),
+            stop_target=JobState(d["stop_target"]) if d["stop_target"] else None,
+            pending_reason=Reason(*d["pending_reason"]) if d["pending_reason"] else None,
+            started_at=d["started_at"],
+            finished_at=d["finished_at"],
+        )
+
+    def with_state(self, new: JobState, now: float, reason: str, **changes: Any) -> Job:
+        """Move to ``new`` along a legal edge, recording history; raise InvalidTransition."""
+        from broker.errors import InvalidTransition
+        from broker.state import can_move
+
+        if not can_move(self.state, new):
+            raise InvalidTransition(self.id, self.state.value, new.value)
+        entry = HistoryEntry(new, now, reason, changes.get("attempt", self.attempt))
+        return replace(self, state=new, history=(*self.history, entry), **changes)
+
+
+def _alloc_dict(a: Allocation) -> dict[str, Any]:
+    return {"node_id": a.node_id, "gpu_ids": list(a.gpu_ids), "rank": a.rank}
+
+
+def _alloc(d: Mapping[str, Any]) -> Allocation:
+    return Allocation(d["node_id"], tuple(d["gpu_ids"]), d.get("rank", 0))
+
+
+def _spec_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored specs were validated on submit: rebuild without re-validating (fast path)."""
+    out = dict(d)
+    for key in ("gpu_types", "sites"):
+        if key in out and out[key] is not None:
+            out[key] = tuple(out[key])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Nodes
+
+
+class NodeState(str, Enum):
+    READY = "READY"  # accepts new jobs
+    DRAINING = "DRAINING"  # runs what it has, takes nothing new
+    DOWN = "DOWN"  # lease expired
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One allocatable device: a whole GPU, or one MIG instance (then ``mig_profile`` is set)."""
+
+    id: str  # UUID (GPU-... or MIG-...)
+    index: int
+    model: str  # canonical model of the physical GPU
+    memory_gb: float
+    mig_profile: str | None = None
+    parent: str | None = None  # the physical GPU's UUID for a MIG instance
+    mig_enabled: bool = False  # a whole GPU that is split into MIG instances
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    gpus: tuple[Gpu, ...]
+    site: str = "onprem"
+    hostname: str = ""
+    cpus: float = 0.0
+    memory_gb: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    state: NodeState = NodeState.READY
+    lease_expires: float = 0.0
+    incarnation: str = ""  # changes when the agent restarts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "gpus": [vars(g) for g in self.gpus],
+            "site": self.site,
+            "hostname": self.hostname,
+            "cpus": self.cpus,
+            "memory_gb": self.memory_gb,
+            "labels": dict(self.labels),
+            "state": self.state.value,
+            "lease_expires": self.lease_expires,
+            "incarnation": self.incarnation,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Node:
+        return cls(
+            id=d["id"],
+            gpus=tuple(Gpu(**g) for g in d["gpus"]),
+            site=d.get("site", "onprem"),
+            hostname=d.get("hostname", ""),
+            cpus=d.get("cpus", 0.0),
+            memory_gb=d.get("memory_gb", 0.0),
+            labels=d.get("labels", {}),
+            state=NodeState(d.get("state", "READY")),
+            lease_expires=d.get("lease_expires", 0.0),
+            incarnation=d.get("incarnation", ""),
+        )
+
+    @property
+    def allocatable(self) -> tuple[Gpu, ...]:
+        """Devices a job can hold: whole GPUs not split by MIG, and MIG instances."""
+        return tuple(g for g in self.gpus if not g.mig_enabled)

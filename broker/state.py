@@ -1,0 +1,81 @@
+"""Job states and the explicit transition table.
+
+Every change of a job's state goes through :func:`transition`, which refuses an edge that
+is not in :data:`TRANSITIONS` and appends ``(state, time, reason)`` to the job's history.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"  # queued, waiting for a placement
+    STARTING = "STARTING"  # placed; GPUs allocated; start command sent to the node(s)
+    RUNNING = "RUNNING"  # the agent has the job's process running
+    STOPPING = "STOPPING"  # cancel or preemption asked; waiting for the process to exit
+    SUCCEEDED = "SUCCEEDED"  # exited 0
+    FAILED = "FAILED"  # exited non-zero, could not start, hit its time limit, or ran out of retries
+    CANCELLED = "CANCELLED"  # a user cancelled it
+    PREEMPTED = "PREEMPTED"  # evicted to make room; goes back to PENDING with attempt + 1
+    LOST = "LOST"  # its node's lease expired; goes back to PENDING with attempt + 1
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = JobState
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    S.PENDING: frozenset(
+        {
+            S.STARTING,  # a scheduling cycle placed it and claimed its GPUs
+            S.CANCELLED,  # cancelled while queued
+            S.FAILED,  # can never run (e.g. gave up after too many attempts)
+        }
+    ),
+    S.STARTING: frozenset(
+        {
+            S.RUNNING,  # the agent started its process
+            S.FAILED,  # the agent could not start it (bad command, missing workdir)
+            S.STOPPING,  # cancelled or preempted before the agent started it
+            S.LOST,  # the node died before the job started
+            S.SUCCEEDED,  # a very short job exited before its RUNNING report was written
+        }
+    ),
+    S.RUNNING: frozenset(
+        {
+            S.SUCCEEDED,  # every part exited 0
+            S.FAILED,  # a part exited non-zero or hit the time limit
+            S.STOPPING,  # cancel or preemption asked; SIGTERM sent, grace running
+            S.LOST,  # the node's lease expired
+        }
+    ),
+    S.STOPPING: frozenset(
+        {
+            S.CANCELLED,  # stopped on a user's request
+            S.PREEMPTED,  # stopped to make room
+            S.SUCCEEDED,  # finished on its own before the stop landed
+            S.FAILED,  # a gang part failed and the others were stopped
+            S.LOST,  # the node died while stopping
+        }
+    ),
+    S.PREEMPTED: frozenset({S.PENDING}),  # requeued, attempt + 1
+    S.LOST: frozenset(
+        {
+            S.PENDING,  # requeued, attempt + 1
+            S.FAILED,  # too many attempts lost
+        }
+    ),
+    S.SUCCEEDED: frozenset(),  # terminal
+    S.FAILED: frozenset(),  # terminal
+    S.CANCELLED: frozenset(),  # terminal
+}
+
+TERMINAL: frozenset[JobState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+ACTIVE: frozenset[JobState] = frozenset({S.STARTING, S.RUNNING, S.STOPPING})
+"""States in which a job holds GPUs."""
+
+
+def can_move(src: JobState, dst: JobState) -> bool:
+    return dst in TRANSITIONS[src]

@@ -1,0 +1,286 @@
+"""The Store: the only source of truth. One interface, two backends (Redis and memory).
+
+:class:`BaseStore` holds every rule (transitions, fencing, requeue on node death) once; a
+backend supplies a handful of persistence primitives with compare-and-set semantics:
+
+* ``_commit(changes)``: for each Change, atomically check the job's version, check that every
+  claimed GPU is free on a live node, write the record, set the claims, drop the releases, and
+  keep the pending/active indexes in step with the job's state. Returns one status per change:
+  ``ok``, ``version`` (someone wrote first), ``busy`` (a GPU is taken) or ``dead`` (a node's
+  lease is gone).
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from broker.config import Config
+from broker.errors import Conflict, JobNotFound, StaleAttempt
+from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.plan import Applied, Plan, Snapshot
+from broker.state import ACTIVE, JobState
+from broker.store import transitions as T
+from broker.store.events import JobEvent
+
+OK, VERSION, BUSY, DEAD = "ok", "version", "busy", "dead"
+_RETRIES = 20
+
+
+@dataclass(frozen=True)
+class LogLine:
+    cursor: str
+    time: float
+    stream: str  # "out" or "err"
+    text: str
+
+
+def new_job_id() -> str:
+    return "j-" + uuid.uuid4().hex[:12]
+
+
+class BaseStore(ABC):
+    """The rules; subclasses provide persistence."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self._last_reasons: dict[str, Reason] = {}
+
+    # -- primitives --------------------------------------------------------------------------
+
+    @abstractmethod
+    def _load(self, job_ids: Sequence[str]) -> list[Job | None]: ...
+
+    @abstractmethod
+    def _commit(self, changes: Sequence[T.Change]) -> list[str]: ...
+
+    @abstractmethod
+    def _index(self, which: str) -> list[str]:
+        """Job ids in the ``pending``, ``active`` or ``all`` index, oldest first."""
+
+    @abstractmethod
+    def _put_node(self, node: Node, lease_expires: float) -> None: ...
+
+    @abstractmethod
+    def _load_nodes(self) -> list[Node]: ...
+
+    @abstractmethod
+    def _mark_down(self, node_id: str, expected_incarnation: str) -> bool:
+        """Mark a node DOWN and drop its GPU allocations; False if it re-registered."""
+
+    @abstractmethod
+    def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """node id -> GPU id -> owner ("job:attempt") for the given (or all) nodes."""
+
+    @abstractmethod
+    def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None: ...
+
+    @abstractmethod
+    def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]: ...
+
+    @abstractmethod
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
+                    now: float) -> None:
+        """Append (stream, text) lines to an attempt's log; refused (StaleAttempt) if stale."""
+
+    @abstractmethod
+    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
+                  block_s: float = 0.0) -> list[LogLine]: ...
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec, now: float, job_id: str | None = None) -> Job:
+        return self.submit_many([spec], now, [job_id] if job_id else None)[0]
+
+    def submit_many(self, specs: Sequence[JobSpec], now: float,
+                    job_ids: Sequence[str] | None = None) -> list[Job]:
+        """Store validated specs as PENDING jobs, all or none of them."""
+        checked = [s.checked(self.config) for s in specs]  # raises before anything is written
+        ids = list(job_ids) if job_ids else [new_job_id() for _ in checked]
+        jobs = [
+            Job(id=i, spec=s, state=JobState.PENDING, submitted_at=now, version=1,
+                history=(HistoryEntry(JobState.PENDING, now, "Submitted", 1),))
+            for i, s in zip(ids, checked)
+        ]
+        statuses = self._commit([T.Change(j, 0) for j in jobs])
+        if any(st != OK for st in statuses):
+            raise Conflict(f"job id already exists: {[j.id for j, st in zip(jobs, statuses)]}")
+        return jobs
+
+    def get(self, job_id: str) -> Job:
+        job = self._load([job_id])[0]
+        if job is None:
+            raise JobNotFound(job_id)
+        return self._with_reasons([job])[0]
+
+    def get_many(self, job_ids: Sequence[str]) -> list[Job | None]:
+        return self._load(job_ids)
+
+    def list_jobs(self, states: Iterable[JobState] | None = None, team: str | None = None,
+                  priority: str | None = None, limit: int | None = None) -> list[Job]:
+        wanted = set(states) if states else None
+        if wanted and wanted <= {JobState.PENDING}:
+            ids = self._index("pending")
+        elif wanted and wanted <= ACTIVE:
+            ids = self._index("active")
+        elif wanted and wanted <= ACTIVE | {JobState.PENDING}:
+            ids = self._index("pending") + self._index("active")
+        else:
+            ids = self._index("all")
+        out = [
+            j for j in self._load(ids)
+            if j is not None
+            and (wanted is None or j.state in wanted)
+            and (team is None or j.team == team)
+            and (priority is None or j.priority == priority)
+        ]
+        out.sort(key=lambda j: (j.submitted_at, j.id))
+        if limit is not None:
+            out = out[-limit:]
+        return self._with_reasons(out)
+
+    def _with_reasons(self, jobs: list[Job]) -> list[Job]:
+        pend = [j for j in jobs if j.state is JobState.PENDING]
+        if not pend:
+            return jobs
+        reasons = dict(zip([j.id for j in pend], self._read_reasons([j.id for j in pend])))
+        return [replace(j, pending_reason=reasons.get(j.id)) if j.id in reasons else j
+                for j in jobs]
+
+    def _update(self, job_id: str, fn, *args) -> Job:  # type: ignore[no-untyped-def]
+        """Read, compute a Change with ``fn``, compare-and-set; retry on a lost race."""
+        for _ in range(_RETRIES):
+            job = self._load([job_id])[0]
+            if job is None:
+                raise JobNotFound(job_id)
+            change = fn(job, *args)
+            if change is None:
+                return job
+            status = self._commit([change])[0]
+            if status == OK:
+                return change.job
+            if status != VERSION:
+                raise Conflict(f"job {job_id}: write refused ({status})")
+        raise Conflict(f"job {job_id}: too many concurrent writers")
+
+    def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
+        """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
+        return self._update(job_id, T.report, attempt, event, now)
+
+    def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
+        return self._update(job_id, T.cancel, now, reason)
+
+    def preempt(self, job_id: str, attempt: int, now: float, reason: str) -> Job:
+        return self._update(job_id, T.preempt, attempt, now, reason)
+
+    def check_attempt(self, job_id: str, attempt: int) -> Job:
+        """Return the job if ``attempt`` is its current, active attempt; else StaleAttempt."""
+        job = self._load([job_id])[0]
+        if job is None:
+            raise StaleAttempt(job_id, attempt, 0, "MISSING")
+        T.check_attempt(job, attempt)
+        return job
+
+    # -- the scheduling cycle ------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> Snapshot:
+        pending_ids, active_ids = self._index("pending"), self._index("active")
+        jobs = self._load(pending_ids + active_ids)
+        pending = tuple(j for j in jobs[: len(pending_ids)]
+                        if j is not None and j.state is JobState.PENDING)
+        active = tuple(j for j in jobs[len(pending_ids):] if j is not None and j.state in ACTIVE)
+        nodes = tuple(n for n in self._load_nodes()
+                      if n.state is not NodeState.DOWN and n.lease_expires > now)
+        allocated = self.allocations([n.id for n in nodes])
+        return Snapshot(now, pending, active, nodes, allocated, self.config.classes)
+
+    def apply(self, plan: Plan, now: float) -> Applied:
+        """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose
+        GPUs were taken, is skipped, never half-done. Safe to run twice on the same Plan."""
+        started, stopping, skipped = [], [], []
+        if plan.starts:
+            jobs = self._load([s.job_id for s in plan.starts])
+            changes = []
+            for st, job in zip(plan.starts, jobs):
+                if job is None or job.version != st.version or job.state is not JobState.PENDING:
+                    skipped.append((st.job_id, "changed since the snapshot"))
+                    continue
+                changes.append(T.start(job, st, now))
+            for change, status in zip(changes, self._commit(changes)):
+                if status == OK:
+                    started.append(change.job)
+                else:
+                    skipped.append((change.job.id, status))
+        for pre in plan.preemptions:
+            try:
+                stopping.append(self.preempt(pre.job_id, pre.attempt, now, pre.reason))
+            except (StaleAttempt, JobNotFound) as e:
+                skipped.append((pre.job_id, str(e)))
+        self._record_reasons(plan.pending, {j.id for j in started})
+        return Applied(tuple(started), tuple(stopping), tuple(skipped))
+
+    def _record_reasons(self, pending: Mapping[str, Reason], started: set[str]) -> None:
+        changed = {k: v for k, v in pending.items() if self._last_reasons.get(k) != v}
+        gone = [k for k in self._last_reasons if k not in pending or k in started]
+        if changed or gone:
+            self._write_reasons(changed, gone)
+        self._last_reasons = dict(pending)
+
+    def explain(self, job_id: str) -> Reason | None:
+        return self._read_reasons([job_id])[0]
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def heartbeat(self, node: Node, ttl: float, now: float) -> list[Job]:
+        """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
+        jobs the old one held: their processes died with it. Returns the jobs requeued."""
+        old = next((n for n in self._load_nodes() if n.id == node.id), None)
+        lost: list[Job] = []
+        if old is not None and old.incarnation != node.incarnation and old.state is not \
+                NodeState.DOWN:
+            self._mark_down(node.id, old.incarnation)
+            lost = self._lose_jobs_on(node.id, now, "Agent restarted")
+        self._put_node(node, now + ttl)
+        return lost
+
+    def set_node_state(self, node_id: str, state: NodeState) -> Node:
+        node = next((n for n in self._load_nodes() if n.id == node_id), None)
+        if node is None:
+            raise JobNotFound(node_id)
+        new = replace(node, state=state)
+        self._put_node(new, node.lease_expires)
+        return new
+
+    def nodes(self) -> list[Node]:
+        return sorted(self._load_nodes(), key=lambda n: n.id)
+
+    def expire(self, now: float) -> list[Job]:
+        """Mark nodes whose lease ran out DOWN and requeue the jobs they held."""
+        requeued: list[Job] = []
+        for node in self._load_nodes():
+            if node.state is NodeState.DOWN or node.lease_expires > now:
+                continue
+            if self._mark_down(node.id, node.incarnation):
+                requeued += self._lose_jobs_on(node.id, now, f"Node {node.id} lease expired")
+        return requeued
+
+    def _lose_jobs_on(self, node_id: str, now: float, reason: str) -> list[Job]:
+        out = []
+        for job in self._load(self._index("active")):
+            if job is None or node_id not in job.node_ids or job.state not in ACTIVE:
+                continue
+            try:
+                out.append(self._update(job.id, _lose_if_on, node_id, job.attempt, now, reason,
+                                        self.config.max_attempts))
+            except (JobNotFound, Conflict):
+                continue
+        return out
+
+
+def _lose_if_on(job: Job, node_id: str, attempt: int, now: float, reason: str,
+                max_attempts: int) -> T.Change | None:
+    if job.attempt != attempt or job.state not in ACTIVE or node_id not in job.node_ids:
+        return None
+    return T.lose(job, now, reason, max_attempts)

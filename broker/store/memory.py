@@ -1,0 +1,137 @@
+"""In-memory store for the simulator and unit tests: same rules as Redis, one process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from broker.config import Config
+from broker.errors import StaleAttempt
+from broker.model import Job, Node, NodeState, Reason
+from broker.state import ACTIVE, JobState
+from broker.store.base import BUSY, DEAD, OK, VERSION, BaseStore, LogLine
+from broker.store.transitions import Change
+
+
+class MemoryStore(BaseStore):
+    def __init__(self, config: Config | None = None) -> None:
+        super().__init__(config)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._jobs: dict[str, Job] = {}
+        self._order: dict[str, float] = {}
+        self._pending: dict[str, None] = {}
+        self._active: dict[str, None] = {}
+        self._nodes: dict[str, Node] = {}
+        self._alloc: dict[str, dict[str, str]] = {}
+        self._reasons: dict[str, Reason] = {}
+        self._logs: dict[tuple[str, int], list[LogLine]] = {}
+        self._seq = 0
+
+    def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
+        with self._lock:
+            return [self._jobs.get(i) for i in job_ids]
+
+    def _commit(self, changes: Sequence[Change]) -> list[str]:
+        with self._lock:
+            return [self._commit_one(c) for c in changes]
+
+    def _commit_one(self, c: Change) -> str:
+        job = c.job
+        cur = self._jobs.get(job.id)
+        if (cur.version if cur else 0) != c.expected_version:
+            return VERSION
+        for node_id, gpu in c.claim:
+            node = self._nodes.get(node_id)
+            if node is None or node.state is NodeState.DOWN:
+                return DEAD
+            owner = self._alloc.get(node_id, {}).get(gpu)
+            if owner is not None and owner != c.owner:
+                return BUSY
+        for node_id, gpu in c.release:
+            held = self._alloc.get(node_id, {})
+            if held.get(gpu) == c.release_owner:
+                del held[gpu]
+        for node_id, gpu in c.claim:
+            self._alloc.setdefault(node_id, {})[gpu] = c.owner
+        self._jobs[job.id] = job
+        self._order.setdefault(job.id, job.submitted_at)
+        self._set_member(self._pending, job.id, job.state is JobState.PENDING)
+        self._set_member(self._active, job.id, job.state in ACTIVE)
+        return OK
+
+    @staticmethod
+    def _set_member(index: dict[str, None], key: str, member: bool) -> None:
+        if member:
+            index[key] = None
+        else:
+            index.pop(key, None)
+
+    def _index(self, which: str) -> list[str]:
+        with self._lock:
+            src = {"pending": self._pending, "active": self._active, "all": self._order}[which]
+            return sorted(src, key=lambda i: (self._order[i], i))
+
+    def _put_node(self, node: Node, lease_expires: float) -> None:
+        from dataclasses import replace
+
+        with self._lock:
+            self._nodes[node.id] = replace(node, lease_expires=lease_expires)
+
+    def _load_nodes(self) -> list[Node]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def _mark_down(self, node_id: str, expected_incarnation: str) -> bool:
+        from dataclasses import replace
+
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None or node.incarnation != expected_incarnation:
+                return False
+            self._nodes[node_id] = replace(node, state=NodeState.DOWN)
+            self._alloc.pop(node_id, None)
+            return True
+
+    def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        with self._lock:
+            ids = list(self._nodes) if node_ids is None else list(node_ids)
+            return {n: dict(self._alloc.get(n, {})) for n in ids}
+
+    def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None:
+        with self._lock:
+            for k in delete:
+                self._reasons.pop(k, None)
+            self._reasons.update(set_)
+
+    def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]:
+        with self._lock:
+            return [self._reasons.get(i) for i in job_ids]
+
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
+                    now: float) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.attempt != attempt or job.state not in ACTIVE:
+                raise StaleAttempt(job_id, attempt, job.attempt if job else 0,
+                                   job.state.value if job else "MISSING")
+            log = self._logs.setdefault((job_id, attempt), [])
+            for stream, text in lines:
+                self._seq += 1
+                log.append(LogLine(f"{self._seq}-0", now, stream, text))
+            self._cond.notify_all()
+
+    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
+                  block_s: float = 0.0) -> list[LogLine]:
+        after = int(cursor.split("-")[0]) if cursor not in ("", "0", "$") else 0
+
+        def fresh() -> list[LogLine]:
+            log = self._logs.get((job_id, attempt), [])
+            return [x for x in log if int(x.cursor.split("-")[0]) > after][:limit]
+
+        with self._lock:
+            out = fresh()
+            if not out and block_s > 0:
+                self._cond.wait(block_s)
+                out = fresh()
+            return out

@@ -1,0 +1,166 @@
+"""Placement: find GPUs for a job on free capacity, best fit first to limit fragmentation.
+
+Free devices are indexed by *kind* (GPU model, MIG profile or None) and by how many of that
+kind a node has free, so a lookup is a few dictionary probes rather than a scan of every node.
+Best fit: the node left with the fewest free devices of that kind after placing the job.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.gpus import type_matches
+from broker.model import Allocation, Gpu, Job, Node, NodeState, Resources
+from policies.registry import register
+
+Kind = tuple[str, "str | None"]  # (GPU model, MIG profile or None for a whole GPU)
+
+
+def kind_of(gpu: Gpu) -> Kind:
+    return (gpu.model, gpu.mig_profile)
+
+
+def wanted_kinds(res: Resources, kinds: Iterable[Kind]) -> list[Kind]:
+    """The device kinds that satisfy a request, among those the cluster has."""
+    out = []
+    for model, mig in kinds:
+        if mig != res.mig_profile:
+            continue
+        if res.gpu_types and not any(type_matches(model, t) for t in res.gpu_types):
+            continue
+        if mig is None and res.min_gpu_memory_gb and _mem(model) < res.min_gpu_memory_gb:
+            continue
+        out.append((model, mig))
+    return sorted(out)
+
+
+def _mem(model: str) -> float:
+    from broker.gpus import memory_of
+
+    return float(memory_of(model))
+
+
+@dataclass
+class _NodeFree:
+    node: Node
+    devices: dict[Kind, list[Gpu]]
+    cpus: float  # free CPUs (inf when the node does not account CPUs)
+    mem: float
+
+
+class FreeIndex:
+    """Mutable view of free capacity for one cycle. ``take`` updates it as jobs are placed."""
+
+    def __init__(self, nodes: Iterable[Node], allocated: dict[str, dict[str, str]] | None = None,
+                 used_cpu_mem: dict[str, tuple[float, float]] | None = None) -> None:
+        allocated = allocated or {}
+        used_cpu_mem = used_cpu_mem or {}
+        self.nodes: dict[str, _NodeFree] = {}
+        self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
+        self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
+            lambda: defaultdict(dict))
+        for node in nodes:
+            held = allocated.get(node.id, {})
+            per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
+            totals: dict[Kind, int] = defaultdict(int)
+            for gpu in node.allocatable:
+                totals[kind_of(gpu)] += 1
+                if gpu.id not in held:
+                    per_kind[kind_of(gpu)].append(gpu)
+            for k, n in totals.items():
+                self.total[k].append(n)
+            if node.state is not NodeState.READY:
+                continue
+            ucpu, umem = used_cpu_mem.get(node.id, (0.0, 0.0))
+            free = _NodeFree(
+                node,
+                {k: sorted(v, key=lambda g: g.index) for k, v in per_kind.items()},
+                node.cpus - ucpu if node.cpus else float("inf"),
+                node.memory_gb - umem if node.memory_gb else float("inf"),
+            )
+            self.nodes[node.id] = free
+            for k, devs in free.devices.items():
+                if devs:
+                    self._buckets[k][len(devs)][node.id] = None
+
+    @property
+    def kinds(self) -> list[Kind]:
+        return list(self.total)
+
+    def free_gpus(self) -> int:
+        return sum(len(d) for f in self.nodes.values() for d in f.devices.values())
+
+    def feasible_ever(self, res: Resources, site_ok: set[str] | None = None) -> bool:
+        """Could the job fit on the cluster if it were empty?"""
+        del site_ok
+        return any(
+            sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
+            for k in wanted_kinds(res, self.kinds)
+        ) or (res.gpus == 0 and bool(self.total or self.nodes))
+
+    def find(self, res: Resources, sites: tuple[str, ...]) -> tuple[Allocation, ...] | None:
+        """Best-fit placement for ``res``, or None. Does not change the index."""
+        best: tuple[int, Kind, list[str]] | None = None
+        for kind in wanted_kinds(res, self.kinds) if res.gpus else [None]:  # type: ignore[list-item]
+            chosen = self._tightest(kind, res, sites)
+            if chosen is not None and (best is None or chosen[0] < best[0]):
+                best = (chosen[0], kind, chosen[1])  # type: ignore[assignment]
+        if best is None:
+            return None
+        _, kind, node_ids = best
+        return tuple(
+            Allocation(nid, tuple(g.id for g in self.nodes[nid].devices[kind][: res.gpus])
+                       if res.gpus else (), rank)
+            for rank, nid in enumerate(node_ids)
+        )
+
+    def _tightest(self, kind: Kind | None, res: Resources,
+                  sites: tuple[str, ...]) -> tuple[int, list[str]] | None:
+        picked: list[str] = []
+        leftover = 0
+        if kind is None:  # a CPU-only job: any ready node with room
+            for nid, f in self.nodes.items():
+                if self._fits_host(f, res, sites):
+                    picked.append(nid)
+                    if len(picked) == res.nodes:
+                        return 0, picked
+            return None
+        buckets = self._buckets.get(kind, {})
+        for count in sorted(c for c in buckets if c >= res.gpus):
+            for nid in buckets[count]:
+                if self._fits_host(self.nodes[nid], res, sites):
+                    picked.append(nid)
+                    leftover += count - res.gpus
+                    if len(picked) == res.nodes:
+                        return leftover, picked
+        return None
+
+    @staticmethod
+    def _fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:
+        site_ok = f.node.site in sites or (f.node.site != "onprem" and "cloud" in sites)
+        return site_ok and f.cpus >= res.cpus and f.mem >= res.memory_gb
+
+    def take(self, allocs: tuple[Allocation, ...], res: Resources) -> None:
+        """Mark a placement's devices as used."""
+        for a in allocs:
+            f = self.nodes[a.node_id]
+            f.cpus -= res.cpus
+            f.mem -= res.memory_gb
+            taken = set(a.gpu_ids)
+            for kind, devs in f.devices.items():
+                if not taken.intersection(g.id for g in devs):
+                    continue
+                before = len(devs)
+                devs[:] = [g for g in devs if g.id not in taken]
+                bucket = self._buckets[kind]
+                bucket[before].pop(a.node_id, None)
+                if devs:
+                    bucket[len(devs)][a.node_id] = None
+
+
+@register("place", "best-fit")
+def best_fit(index: FreeIndex, job: Job) -> tuple[Allocation, ...] | None:
+    """Place all of a job's GPUs on one node (or on ``nodes`` nodes at once, a gang)."""
+    return index.find(job.spec.resources, job.spec.sites)
