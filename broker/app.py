@@ -1,0 +1,60 @@
+"""The Celery app. Messages carry commands (ids), never state; JSON only.
+
+Queues: ``control`` (scheduling cycle, reconciler; consumed by ``spillway scheduler``),
+``node.<id>`` (start/stop commands for one worker agent), ``provision`` (cloud launches, later).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from broker.config import Config
+
+CONTROL_QUEUE = "control"
+
+
+def node_queue(node_id: str) -> str:
+    return f"node.{node_id}"
+
+
+app = Celery("spillway", include=["broker.tasks"])
+
+
+def configure(celery: Celery, redis_url: str, config: Config | None = None) -> Celery:
+    """Point ``celery`` at ``redis_url`` with Spillway's settings."""
+    config = config or Config()
+    celery.conf.update(
+        broker_url=redis_url,
+        result_backend=None,
+        task_ignore_result=True,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        task_default_queue=CONTROL_QUEUE,
+        task_routes={
+            "spillway.cycle": {"queue": CONTROL_QUEUE},
+            "spillway.reconcile": {"queue": CONTROL_QUEUE},
+        },
+        # Longer than any task; commands are idempotent so a redelivery is harmless.
+        broker_transport_options={"visibility_timeout": 12 * 3600},
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "cycle": {"task": "spillway.cycle", "schedule": config.cycle_s,
+                      "options": {"queue": CONTROL_QUEUE, "expires": max(config.cycle_s, 1.0)}},
+            "reconcile": {"task": "spillway.reconcile", "schedule": config.reconcile_s,
+                          "options": {"queue": CONTROL_QUEUE,
+                                      "expires": max(config.reconcile_s, 1.0)}},
+        },
+        timezone="UTC",
+    )
+    return celery
+
+
+# `celery -A broker.app` works when SPILLWAY_REDIS_URL is set.
+if os.environ.get("SPILLWAY_REDIS_URL"):
+    configure(app, os.environ["SPILLWAY_REDIS_URL"])

@@ -1,0 +1,40 @@
+"""The reconciler: level-triggered repairs, safe to run any number of times.
+
+* nodes whose lease lapsed are marked DOWN and their jobs requeued (attempt + 1);
+* surviving parts of a gang that lost a node are told to stop (their attempt is stale);
+* start commands for jobs stuck in STARTING on a live node are sent again (a lost message).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from broker.actuator import send_starts, send_stops
+from broker.control import trigger_cycle
+from broker.runtime import Runtime
+from broker.state import JobState
+
+log = logging.getLogger(__name__)
+
+
+def reconcile(rt: Runtime, now: float | None = None) -> dict[str, int]:
+    now = time.time() if now is None else now
+    requeued = rt.store.expire(now)
+    if requeued:
+        log.warning("requeued %d job(s) from dead nodes: %s", len(requeued),
+                    ", ".join(j.id for j in requeued))
+        trigger_cycle(rt)
+    stuck_after = 2 * rt.config.heartbeat_s
+    snap = rt.store.snapshot(now)
+    live = set(snap.node_by_id)
+    stuck = [j for j in snap.active if j.state is JobState.STARTING
+             and j.history and now - j.history[-1].time > stuck_after
+             and all(a.node_id in live for a in j.allocations)]
+    if stuck:
+        send_starts(rt, stuck)
+    stopping = [j for j in snap.active if j.state is JobState.STOPPING
+                and j.history and now - j.history[-1].time > stuck_after]
+    if stopping:
+        send_stops(rt, stopping)
+    return {"requeued": len(requeued), "restarted": len(stuck), "restopped": len(stopping)}

@@ -1,0 +1,62 @@
+"""Per-process wiring: the config, the store and the Celery app, built once."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+
+from broker.app import app as celery_app
+from broker.app import configure
+from broker.config import Config, load_config
+from broker.errors import ConfigError
+from broker.store import open_store
+from broker.store.base import BaseStore
+
+
+@dataclass
+class Runtime:
+    config: Config
+    redis_url: str
+
+    @cached_property
+    def store(self) -> BaseStore:
+        return open_store(self.redis_url, self.config)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    @cached_property
+    def celery(self):  # type: ignore[no-untyped-def]
+        return configure(celery_app, self.redis_url, self.config)
+
+
+_lock = threading.Lock()
+_current: Runtime | None = None
+
+
+def init_runtime(redis_url: str | None = None, config: Config | None = None) -> Runtime:
+    """Set this process's runtime (CLI entry points call this once)."""
+    global _current
+    config = config or load_config()
+    url = redis_url or os.environ.get("SPILLWAY_REDIS_URL") or config.redis_url
+    if not url:
+        raise ConfigError(
+            "no Redis URL: pass --redis-url, set SPILLWAY_REDIS_URL, or run `spillway up` "
+            "for the embedded server"
+        )
+    with _lock:
+        _current = Runtime(config, url)
+        _current.celery  # noqa: B018  (configure the app now)
+    return _current
+
+
+def runtime() -> Runtime:
+    """This process's runtime, initialised from the environment on first use."""
+    with _lock:
+        current = _current
+    return current if current is not None else init_runtime()
