@@ -8,7 +8,7 @@ from broker.model import Job, Reason, Resources
 from broker.plan import Plan, Snapshot, Start
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
-from policies.placement import FreeIndex, wanted_kinds
+from policies.placement import FreeIndex
 from policies.registry import PolicySet
 
 
@@ -60,8 +60,9 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
         allocs = place(index, job)  # 3
         if allocs is None:
             blocked_shapes[shape] = job.id
-            pending[job.id] = _blocked_reason(job, res, index, blocked_kinds)
-            blocked_kinds.update(wanted_kinds(res, index.kinds))
+            reason = pending[job.id] = _blocked_reason(job, res, index, blocked_kinds)
+            if reason.code != "NoFeasibleNode":  # an impossible job blocks nobody
+                blocked_kinds.update(index.wanted(res))
             continue
         index.take(allocs, res)
         starts.append(Start(job.id, job.attempt, job.version, allocs))
@@ -78,7 +79,7 @@ def _blocked_reason(job: Job, res: Resources, index: FreeIndex,
             + (f" on {res.nodes} nodes" if res.nodes > 1 else "")
             + "; check `spillway nodes` and the job's gpu_types / min_gpu_memory_gb",
         )
-    kinds = set(wanted_kinds(res, index.kinds))
+    kinds = set(index.wanted(res))
     if kinds & blocked_kinds:
         return Reason("Priority", "waiting behind higher-priority or earlier jobs that need the "
                                   f"same GPUs ({_types(res)})")

@@ -58,6 +58,8 @@ class FreeIndex:
         allocated = allocated or {}
         used_cpu_mem = used_cpu_mem or {}
         self.nodes: dict[str, _NodeFree] = {}
+        self._feasible: dict[Resources, bool] = {}
+        self._wanted: dict[Resources, list[Kind]] = {}
         self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
         self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
             lambda: defaultdict(dict))
@@ -92,18 +94,27 @@ class FreeIndex:
     def free_gpus(self) -> int:
         return sum(len(d) for f in self.nodes.values() for d in f.devices.values())
 
-    def feasible_ever(self, res: Resources, site_ok: set[str] | None = None) -> bool:
+    def wanted(self, res: Resources) -> list[Kind]:
+        """The cluster's device kinds that satisfy ``res`` (memoised per request shape)."""
+        kinds = self._wanted.get(res)
+        if kinds is None:
+            kinds = self._wanted[res] = wanted_kinds(res, self.kinds)
+        return kinds
+
+    def feasible_ever(self, res: Resources) -> bool:
         """Could the job fit on the cluster if it were empty?"""
-        del site_ok
-        return any(
-            sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
-            for k in wanted_kinds(res, self.kinds)
-        ) or (res.gpus == 0 and bool(self.total or self.nodes))
+        ok = self._feasible.get(res)
+        if ok is None:
+            ok = self._feasible[res] = any(
+                sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
+                for k in self.wanted(res)
+            ) or (res.gpus == 0 and bool(self.nodes))
+        return ok
 
     def find(self, res: Resources, sites: tuple[str, ...]) -> tuple[Allocation, ...] | None:
         """Best-fit placement for ``res``, or None. Does not change the index."""
         best: tuple[int, Kind, list[str]] | None = None
-        for kind in wanted_kinds(res, self.kinds) if res.gpus else [None]:  # type: ignore[list-item]
+        for kind in self.wanted(res) if res.gpus else [None]:  # type: ignore[list-item]
             chosen = self._tightest(kind, res, sites)
             if chosen is not None and (best is None or chosen[0] < best[0]):
                 best = (chosen[0], kind, chosen[1])  # type: ignore[assignment]
