@@ -75,5 +75,10 @@ class Conflict(StoreError):
     """A compare-and-set write lost a race too many times."""
 
 
-class NodeNotLive(StoreError):
-    """A node's lease expired or it never registered."""
+class NodeNotFound(StoreError, KeyError):
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"no node with id {node_id!r}; `spillway nodes` lists known nodes")
+
+    def __str__(self) -> str:
+        return str(self.args[0])

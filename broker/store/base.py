@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker.config import Config
-from broker.errors import Conflict, JobNotFound, StaleAttempt
+from broker.errors import Conflict, JobNotFound, NodeNotFound, StaleAttempt
 from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Applied, Plan, Snapshot
 from broker.state import ACTIVE, JobState
@@ -26,6 +26,7 @@ from broker.store import transitions as T
 from broker.store.events import JobEvent
 
 OK, VERSION, BUSY, DEAD = "ok", "version", "busy", "dead"
+_FOREVER = 1e300
 _RETRIES = 20
 
 
@@ -67,8 +68,9 @@ class BaseStore(ABC):
     def _load_nodes(self) -> list[Node]: ...
 
     @abstractmethod
-    def _mark_down(self, node_id: str, expected_incarnation: str) -> bool:
-        """Mark a node DOWN and drop its GPU allocations; False if it re-registered."""
+    def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
+        """Atomically mark a node DOWN and drop its GPU allocations, only if it is still the
+        same incarnation and its lease ended by ``now``; False otherwise."""
 
     @abstractmethod
     def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
@@ -99,14 +101,18 @@ class BaseStore(ABC):
         """Store validated specs as PENDING jobs, all or none of them."""
         checked = [s.checked(self.config) for s in specs]  # raises before anything is written
         ids = list(job_ids) if job_ids else [new_job_id() for _ in checked]
+        taken = [i for i, j in zip(ids, self._load(ids)) if j is not None]
+        if taken or len(set(ids)) != len(ids):
+            raise Conflict(f"job ids already exist or repeat: {taken or ids}; nothing stored")
         jobs = [
             Job(id=i, spec=s, state=JobState.PENDING, submitted_at=now, version=1,
                 history=(HistoryEntry(JobState.PENDING, now, "Submitted", 1),))
             for i, s in zip(ids, checked)
         ]
         statuses = self._commit([T.Change(j, 0) for j in jobs])
-        if any(st != OK for st in statuses):
-            raise Conflict(f"job id already exists: {[j.id for j, st in zip(jobs, statuses)]}")
+        if any(st != OK for st in statuses):  # only a concurrent writer of the same ids
+            raise Conflict("job ids taken concurrently: "
+                           f"{[j.id for j, st in zip(jobs, statuses) if st != OK]}")
         return jobs
 
     def get(self, job_id: str) -> Job:
@@ -191,8 +197,9 @@ class BaseStore(ABC):
         pending = tuple(j for j in jobs[: len(pending_ids)]
                         if j is not None and j.state is JobState.PENDING)
         active = tuple(j for j in jobs[len(pending_ids):] if j is not None and j.state in ACTIVE)
-        nodes = tuple(n for n in self._load_nodes()
-                      if n.state is not NodeState.DOWN and n.lease_expires > now)
+        nodes = tuple(sorted((n for n in self._load_nodes()
+                              if n.state is not NodeState.DOWN and n.lease_expires > now),
+                             key=lambda n: n.id))
         allocated = self.allocations([n.id for n in nodes])
         return Snapshot(now, pending, active, nodes, allocated, self.config.classes)
 
@@ -204,7 +211,8 @@ class BaseStore(ABC):
             jobs = self._load([s.job_id for s in plan.starts])
             changes = []
             for st, job in zip(plan.starts, jobs):
-                if job is None or job.version != st.version or job.state is not JobState.PENDING:
+                if job is None or job.version != st.version or job.state is not JobState.PENDING \
+                        or job.attempt != st.attempt:
                     skipped.append((st.job_id, "changed since the snapshot"))
                     continue
                 changes.append(T.start(job, st, now))
@@ -218,18 +226,24 @@ class BaseStore(ABC):
                 stopping.append(self.preempt(pre.job_id, pre.attempt, now, pre.reason))
             except (StaleAttempt, JobNotFound) as e:
                 skipped.append((pre.job_id, str(e)))
-        self._record_reasons(plan.pending, {j.id for j in started})
+        raced = {job_id: Reason("Resources", f"its placement raced with another change ({why});"
+                                              " retried next cycle")
+                 for job_id, why in skipped if job_id not in plan.pending}
+        self._record_reasons({**plan.pending, **raced})
         return Applied(tuple(started), tuple(stopping), tuple(skipped))
 
-    def _record_reasons(self, pending: Mapping[str, Reason], started: set[str]) -> None:
+    def _record_reasons(self, pending: Mapping[str, Reason]) -> None:
+        """Write what changed since this process last wrote. A job's reason is dropped by the
+        backend itself when the job leaves PENDING, so a restarted scheduler leaves none stale."""
         changed = {k: v for k, v in pending.items() if self._last_reasons.get(k) != v}
-        gone = [k for k in self._last_reasons if k not in pending or k in started]
+        gone = [k for k in self._last_reasons if k not in pending]
         if changed or gone:
             self._write_reasons(changed, gone)
         self._last_reasons = dict(pending)
 
     def explain(self, job_id: str) -> Reason | None:
-        return self._read_reasons([job_id])[0]
+        """Why a job is pending (None once it is not)."""
+        return self.get(job_id).pending_reason
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -240,15 +254,21 @@ class BaseStore(ABC):
         lost: list[Job] = []
         if old is not None and old.incarnation != node.incarnation and old.state is not \
                 NodeState.DOWN:
-            self._mark_down(node.id, old.incarnation)
+            self._mark_down(node.id, old.incarnation, _FOREVER)
             lost = self._lose_jobs_on(node.id, now, "Agent restarted")
+        elif old is not None and old.incarnation == node.incarnation and \
+                old.state is NodeState.DRAINING and node.state is NodeState.READY:
+            node = replace(node, state=NodeState.DRAINING)  # an operator's drain sticks
         self._put_node(node, now + ttl)
         return lost
 
     def set_node_state(self, node_id: str, state: NodeState) -> Node:
+        """Drain (DRAINING) or resume (READY) a node. DOWN is only reached by lease expiry."""
+        if state is NodeState.DOWN:
+            raise ValueError("a node goes DOWN only when its lease expires; drain it instead")
         node = next((n for n in self._load_nodes() if n.id == node_id), None)
         if node is None:
-            raise JobNotFound(node_id)
+            raise NodeNotFound(node_id)
         new = replace(node, state=state)
         self._put_node(new, node.lease_expires)
         return new
@@ -262,7 +282,7 @@ class BaseStore(ABC):
         for node in self._load_nodes():
             if node.state is NodeState.DOWN or node.lease_expires > now:
                 continue
-            if self._mark_down(node.id, node.incarnation):
+            if self._mark_down(node.id, node.incarnation, now):
                 requeued += self._lose_jobs_on(node.id, now, f"Node {node.id} lease expired")
         return requeued
 

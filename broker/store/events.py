@@ -11,6 +11,11 @@ class Started:
     pid: int | None = None
 
 
+STOPPED = "Stopped"
+"""``Exited.reason`` when the process ended after the agent sent it SIGTERM (cancel or
+preemption). A preempted job that exits 0 after SIGTERM has checkpointed; it is requeued."""
+
+
 @dataclass(frozen=True)
 class Exited:
     """The part's process ended. ``reason`` says how (Exited, TimeLimit, Signal, Preempted...)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from broker.config import Config
 from broker.errors import StaleAttempt
@@ -58,6 +59,8 @@ class MemoryStore(BaseStore):
         self._order.setdefault(job.id, job.submitted_at)
         self._set_member(self._pending, job.id, job.state is JobState.PENDING)
         self._set_member(self._active, job.id, job.state in ACTIVE)
+        if job.state is not JobState.PENDING:
+            self._reasons.pop(job.id, None)
         return OK
 
     @staticmethod
@@ -73,8 +76,6 @@ class MemoryStore(BaseStore):
             return sorted(src, key=lambda i: (self._order[i], i))
 
     def _put_node(self, node: Node, lease_expires: float) -> None:
-        from dataclasses import replace
-
         with self._lock:
             self._nodes[node.id] = replace(node, lease_expires=lease_expires)
 
@@ -82,12 +83,12 @@ class MemoryStore(BaseStore):
         with self._lock:
             return list(self._nodes.values())
 
-    def _mark_down(self, node_id: str, expected_incarnation: str) -> bool:
-        from dataclasses import replace
-
+    def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
         with self._lock:
             node = self._nodes.get(node_id)
             if node is None or node.incarnation != expected_incarnation:
+                return False
+            if node.lease_expires > now:
                 return False
             self._nodes[node_id] = replace(node, state=NodeState.DOWN)
             self._alloc.pop(node_id, None)

@@ -12,7 +12,7 @@ from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, Job
 from broker.plan import Start
 from broker.state import ACTIVE, TERMINAL, JobState
-from broker.store.events import Exited, JobEvent, Started
+from broker.store.events import STOPPED, Exited, JobEvent, Started
 
 S = JobState
 GpuKey = tuple[str, str]  # (node id, GPU id)
@@ -88,6 +88,8 @@ def report(job: Job, attempt: int, event: JobEvent, now: float) -> Change | None
     rank = event.rank
     if any(r == rank for r, _ in job.parts_exited):
         return None  # this part's exit was already recorded
+    if all(a.rank != rank for a in job.allocations):
+        return None  # no such part in this attempt: ignore rather than finish the job
     code = event.exit_code if isinstance(event, Exited) else 127
     why = event.reason if isinstance(event, Exited) else f"StartFailed: {event.message}"
     parts = (*job.parts_exited, (rank, code))
@@ -121,8 +123,8 @@ def _final_state(job: Job, code: int, why: str) -> tuple[JobState, str]:
     target = job.stop_target if job.state is S.STOPPING else None
     if target is S.CANCELLED:
         return S.CANCELLED, "Cancelled"
-    if target is S.PREEMPTED and code != 0:
-        return S.PREEMPTED, "Preempted"
+    if target is S.PREEMPTED and (code != 0 or why == STOPPED):
+        return S.PREEMPTED, "Preempted"  # exit 0 after SIGTERM: a checkpoint, not the end
     if target is S.FAILED:
         return S.FAILED, "GangPartFailed"
     if code == 0:

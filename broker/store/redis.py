@@ -1,0 +1,314 @@
+"""Redis store: the production backend, same rules and semantics as :class:`MemoryStore`.
+
+Layout, every key under ``prefix`` (default ``sw:``)::
+
+    job:{id}              HASH   doc (Job JSON), version, state, attempt (mirrored for Lua)
+    jobs:all              ZSET   every job id, scored by submitted_at
+    jobs:pending          ZSET   ids of PENDING jobs
+    jobs:active           ZSET   ids of STARTING, RUNNING and STOPPING jobs
+    node:{id}             HASH   doc (Node JSON), state, incarnation, lease_expires
+    nodes                 ZSET   every node id, scored by first registration (nodes:seq)
+    alloc:{node}          HASH   GPU id -> owner ("job:attempt")
+    reasons               HASH   job id -> JSON [code, message]
+    logs:{job}:{attempt}  STREAM t (time), s ("out" or "err"), x (text)
+
+Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
+in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a
+node hash are authoritative over the copies inside its ``doc``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import redis
+
+from broker.config import Config
+from broker.errors import StaleAttempt
+from broker.model import Job, Node, NodeState, Reason
+from broker.state import ACTIVE, JobState
+from broker.store.base import BaseStore, LogLine
+from broker.store.transitions import Change
+
+LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
+LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
+_CHUNK = 1000  # commands per pipeline
+
+# KEYS: 1 job, 2 jobs:all, 3 jobs:pending, 4 jobs:active, then (node, alloc) per claim,
+#       then alloc per release, then reasons (a job's "why pending" goes when it leaves PENDING).
+# ARGV: 1 expected version, 2 new version, 3 doc, 4 state, 5 attempt, 6 score, 7 job id,
+#       8 pending 0/1, 9 active 0/1, 10 owner, 11 release owner, 12 #claims, 13 #releases,
+#       then the claimed GPU ids, then the released GPU ids.
+_COMMIT = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if cur ~= tonumber(ARGV[1]) then return 'version' end
+local nc, nr = tonumber(ARGV[12]), tonumber(ARGV[13])
+for i = 1, nc do
+  local state = redis.call('HGET', KEYS[3 + 2 * i], 'state')
+  if (not state) or state == 'DOWN' then return 'dead' end
+  local owner = redis.call('HGET', KEYS[4 + 2 * i], ARGV[13 + i])
+  if owner and owner ~= ARGV[10] then return 'busy' end
+end
+for i = 1, nr do
+  local key, gpu = KEYS[4 + 2 * nc + i], ARGV[13 + nc + i]
+  if redis.call('HGET', key, gpu) == ARGV[11] then redis.call('HDEL', key, gpu) end
+end
+for i = 1, nc do redis.call('HSET', KEYS[4 + 2 * i], ARGV[13 + i], ARGV[10]) end
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', ARGV[2], 'state', ARGV[4],
+           'attempt', ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[6], ARGV[7])
+if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])
+else redis.call('ZREM', KEYS[3], ARGV[7]) end
+if ARGV[9] == '1' then redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
+else redis.call('ZREM', KEYS[4], ARGV[7]) end
+if ARGV[8] ~= '1' then redis.call('HDEL', KEYS[#KEYS], ARGV[7]) end
+return 'ok'
+"""
+
+# KEYS: 1 node, 2 nodes, 3 nodes:seq. ARGV: 1 node id, 2 doc, 3 state, 4 incarnation,
+#       5 lease_expires. A node keeps the place in the order where it first registered.
+_PUT_NODE = """
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'state', ARGV[3], 'incarnation', ARGV[4],
+           'lease_expires', ARGV[5])
+return 1
+"""
+
+# KEYS: 1 node, 2 alloc. ARGV: 1 expected incarnation, 2 now (the lease must have lapsed).
+_MARK_DOWN = """
+local cur = redis.call('HMGET', KEYS[1], 'incarnation', 'lease_expires')
+if (not cur[1]) or cur[1] ~= ARGV[1] then return 0 end
+if tonumber(cur[2]) > tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'DOWN')
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+# KEYS: 1 job, 2 stream. ARGV: 1 attempt, 2 time, 3 maxlen, 4 ttl, then (stream, text) pairs.
+_APPEND_LOGS = """
+local cur = redis.call('HMGET', KEYS[1], 'attempt', 'state')
+local attempt, state = cur[1], cur[2]
+if (not attempt) or tonumber(attempt) ~= tonumber(ARGV[1])
+   or not (ACTIVE_STATES) then
+  return {0, attempt or '0', state or 'MISSING'}
+end
+for i = 5, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*',
+             't', ARGV[2], 's', ARGV[i], 'x', ARGV[i + 1])
+end
+if #ARGV > 4 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+return {1}
+""".replace("ACTIVE_STATES", " or ".join(f"state == '{s.value}'" for s in sorted(ACTIVE)))
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+class RedisStore(BaseStore):
+    """The store on one Redis server (6.2 or later; not Redis Cluster: a script touches a job,
+    its nodes and the indexes together)."""
+
+    def __init__(self, url_or_client: str | redis.Redis, config: Config | None = None,
+                 prefix: str = "sw:", cache_size: int = 100_000) -> None:
+        super().__init__(config)
+        self._parsed: dict[str, tuple[bytes | str, Job]] = {}  # job id -> (doc, Job)
+        self._cache_size = cache_size
+        self._owns_client = isinstance(url_or_client, str)
+        self.redis: redis.Redis = (
+            redis.Redis.from_url(url_or_client) if isinstance(url_or_client, str)
+            else url_or_client
+        )
+        self.prefix = prefix
+        self._commit_script = self.redis.register_script(_COMMIT)
+        self._put_node_script = self.redis.register_script(_PUT_NODE)
+        self._mark_down_script = self.redis.register_script(_MARK_DOWN)
+        self._append_script = self.redis.register_script(_APPEND_LOGS)
+        p = prefix
+        self._k_all, self._k_pending, self._k_active = (
+            f"{p}jobs:all", f"{p}jobs:pending", f"{p}jobs:active")
+        self._k_nodes, self._k_node_seq, self._k_reasons = (
+            f"{p}nodes", f"{p}nodes:seq", f"{p}reasons")
+
+    def close(self) -> None:
+        """Close the connection pool if this store created the client."""
+        if self._owns_client:
+            self.redis.close()
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _k_job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def _k_node(self, node_id: str) -> str:
+        return f"{self.prefix}node:{node_id}"
+
+    def _k_alloc(self, node_id: str) -> str:
+        return f"{self.prefix}alloc:{node_id}"
+
+    def _k_logs(self, job_id: str, attempt: int) -> str:
+        return f"{self.prefix}logs:{job_id}:{attempt}"
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
+        out: list[Job | None] = []
+        for chunk in _chunks(job_ids):
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.hget(self._k_job(job_id), "doc")
+            out += [self._parse(job_id, doc) for job_id, doc in zip(chunk, pipe.execute())]
+        return out
+
+    def _parse(self, job_id: str, doc: bytes | str | None) -> Job | None:
+        """Decode a job document, reusing the Job parsed from the very same bytes last time
+        (Jobs are immutable; a snapshot re-reads mostly unchanged jobs every cycle)."""
+        if doc is None:
+            return None
+        hit = self._parsed.get(job_id)
+        if hit is not None and hit[0] == doc:
+            return hit[1]
+        job = Job.from_dict(json.loads(doc))
+        if len(self._parsed) >= self._cache_size:
+            self._parsed = {}  # rare: start over rather than track recency
+        self._parsed[job_id] = (doc, job)
+        return job
+
+    def _commit(self, changes: Sequence[Change]) -> list[str]:
+        out: list[str] = []
+        for chunk in _chunks(changes):
+            pipe = self.redis.pipeline(transaction=False)
+            for change in chunk:
+                keys, args = self._commit_args(change)
+                self._commit_script(keys, args, client=pipe)
+            out += [_str(s) for s in pipe.execute()]
+        return out
+
+    def _commit_args(self, c: Change) -> tuple[list[str], list[Any]]:
+        job = c.job
+        keys = [self._k_job(job.id), self._k_all, self._k_pending, self._k_active]
+        for node_id, _ in c.claim:
+            keys += [self._k_node(node_id), self._k_alloc(node_id)]
+        keys += [self._k_alloc(node_id) for node_id, _ in c.release]
+        keys.append(self._k_reasons)
+        args: list[Any] = [
+            c.expected_version, job.version, json.dumps(job.to_dict(), separators=(",", ":")),
+            job.state.value, job.attempt, repr(float(job.submitted_at)), job.id,
+            int(job.state is JobState.PENDING), int(job.state in ACTIVE), c.owner,
+            c.release_owner, len(c.claim), len(c.release),
+        ]
+        args += [gpu for _, gpu in c.claim]
+        args += [gpu for _, gpu in c.release]
+        return keys, args
+
+    def _index(self, which: str) -> list[str]:
+        key = {"pending": self._k_pending, "active": self._k_active, "all": self._k_all}[which]
+        # equal scores sort by member, so this is (submitted_at, id) order
+        return [_str(m) for m in self.redis.zrange(key, 0, -1)]
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _put_node(self, node: Node, lease_expires: float) -> None:
+        node = replace(node, lease_expires=lease_expires)
+        doc = json.dumps(node.to_dict(), separators=(",", ":"))
+        self._put_node_script(
+            [self._k_node(node.id), self._k_nodes, self._k_node_seq],
+            [node.id, doc, node.state.value, node.incarnation, repr(float(lease_expires))],
+        )
+
+    def _node_ids(self) -> list[str]:
+        """Node ids in the order they first registered (as MemoryStore keeps them)."""
+        return [_str(m) for m in self.redis.zrange(self._k_nodes, 0, -1)]
+
+    def _load_nodes(self) -> list[Node]:
+        ids = self._node_ids()
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+        out = []
+        for doc, state, incarnation, lease in pipe.execute():
+            if doc is None:
+                continue
+            node = Node.from_dict(json.loads(doc))
+            out.append(replace(node, state=NodeState(_str(state)),
+                               incarnation=_str(incarnation), lease_expires=float(lease)))
+        return out
+
+    def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
+        keys = [self._k_node(node_id), self._k_alloc(node_id)]
+        return bool(self._mark_down_script(keys, [expected_incarnation, repr(float(now))]))
+
+    def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        ids = self._node_ids() if node_ids is None else list(node_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.hgetall(self._k_alloc(node_id))
+        return {
+            node_id: {_str(g): _str(o) for g, o in held.items()}
+            for node_id, held in zip(ids, pipe.execute())
+        }
+
+    # -- reasons -------------------------------------------------------------------------------
+
+    def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None:
+        if not set_ and not delete:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        if delete:
+            pipe.hdel(self._k_reasons, *delete)
+        if set_:
+            pipe.hset(self._k_reasons, mapping={
+                k: json.dumps([r.code, r.message]) for k, r in set_.items()
+            })
+        pipe.execute()
+
+    def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]:
+        if not job_ids:
+            return []
+        raw = self.redis.hmget(self._k_reasons, list(job_ids))
+        return [None if r is None else Reason(*json.loads(r)) for r in raw]
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
+                    now: float) -> None:
+        args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S]
+        for stream, text in lines:
+            args += [stream, text]
+        res = self._append_script([self._k_job(job_id), self._k_logs(job_id, attempt)], args)
+        if int(res[0]) != 1:
+            raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))
+
+    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
+                  block_s: float = 0.0) -> list[LogLine]:
+        if limit <= 0:
+            return []
+        # As in MemoryStore, "", "0" and "$" all mean "from the first line".
+        after = "0" if cursor in ("", "0", "$") else cursor
+        block = max(1, int(block_s * 1000)) if block_s > 0 else None
+        reply = self.redis.xread({self._k_logs(job_id, attempt): after}, count=limit,
+                                 block=block)
+        if not reply:
+            return []
+        if isinstance(reply, dict):  # RESP3: {key: [[entry, ...]]}
+            streams = [entries for v in reply.values() for entries in v]
+        else:  # RESP2: [[key, [entry, ...]]]
+            streams = [entries for _, entries in reply]
+        out = []
+        for entries in streams:
+            for entry in entries:
+                entry_id, fields = entry[0], entry[1]
+                f = {_str(k): v for k, v in fields.items()}
+                out.append(LogLine(_str(entry_id), float(_str(f["t"])), _str(f["s"]),
+                                   _str(f["x"])))
+        return out
