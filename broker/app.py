@@ -25,6 +25,7 @@ app = Celery("spillway", include=["broker.tasks"])
 def configure(celery: Celery, redis_url: str, config: Config | None = None) -> Celery:
     """Point ``celery`` at ``redis_url`` with Spillway's settings."""
     config = config or Config()
+    previous = celery.conf.broker_url
     celery.conf.update(
         broker_url=redis_url,
         result_backend=None,
@@ -52,6 +53,13 @@ def configure(celery: Celery, redis_url: str, config: Config | None = None) -> C
         },
         timezone="UTC",
     )
+    if previous and previous != redis_url:
+        # Celery caches its connection and producer pools on first use; a process that talks
+        # to a second cluster (tests, tools) must not keep publishing to the first one.
+        celery._pool = None
+        amqp = celery.__dict__.get("amqp")
+        if amqp is not None:
+            amqp._producer_pool = None
     return celery
 
 

@@ -86,3 +86,129 @@ def bench_cycle(pending: int = 10000, nodes: int = 1000, gpus_per_node: int = 8,
         "max_ms": round(max(times), 2),
         "target_p50_ms": 200,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch: the real system
+
+
+def _spawn(url: str, log_dir: str, name: str, *args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPILLWAY_REDIS_URL": url, "SPILLWAY_HEARTBEAT_S": "1",
+           "SPILLWAY_LEASE_TTL_S": "3", "PYTHONUNBUFFERED": "1"}
+    log = open(os.path.join(log_dir, f"{name}.log"), "ab")  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "broker.cli", "--redis-url", url, *args],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _poll(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench: timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
+                   latency_samples: int = 50, redis_url: str | None = None,
+                   **_: Any) -> dict[str, Any]:
+    """Start a scheduler and ``agents`` worker agents against a fresh embedded Redis (or
+    ``redis_url``, whose database is flushed), run ``jobs`` trivial jobs (``true``), and
+    measure job starts per second, submit-to-running latency on an idle cluster, and raw
+    Celery task throughput through one agent's queue."""
+    import shutil
+    import signal
+    import tempfile
+
+    from broker.client import Client
+    from broker.embedded import EmbeddedRedis
+    from broker.model import JobSpec
+
+    tmp = tempfile.mkdtemp(prefix="spillway-bench-")
+    server = None if redis_url else EmbeddedRedis(tmp)
+    url = redis_url or server.url  # type: ignore[union-attr]
+    procs = []
+    client = Client(url)
+    try:
+        client.store_redis.flushdb()
+        procs.append(_spawn(url, tmp, "scheduler", "scheduler"))
+        for i in range(agents):
+            procs.append(_spawn(url, tmp, f"agent{i}", "worker", "--node-id", f"bench-{i}",
+                                "--gpus", f"{gpus_per_agent}xA100-80GB", "--cpus", "1024",
+                                "--work-dir", f"{tmp}/agent{i}"))
+        _poll(lambda: len(client.nodes()) == agents, 60, "agents to register")
+
+        # 1. latency on an idle cluster: one job at a time, submit -> RUNNING
+        lat = []
+        for _ in range(latency_samples):
+            job = client.submit(command=["true"], gpus=1, name="lat")
+            done = client.wait(job.id, timeout=30)
+            running = next(h.time for h in done.history if h.state.value in ("RUNNING",
+                                                                               "SUCCEEDED"))
+            lat.append((running - done.submitted_at) * 1000)
+
+        # 2. throughput: a burst of trivial jobs through 2 x 8 GPUs
+        specs = [JobSpec(command=["true"], gpus=1, name="burst") for _ in range(jobs)]
+        t0 = time.time()
+        submitted = []
+        for i in range(0, jobs, 500):
+            submitted += client.submit_many(specs[i: i + 500])
+        t_submit = time.time() - t0
+        ids = [j.id for j in submitted]
+
+        def all_done() -> bool:
+            return all(j is not None and j.state.value in ("SUCCEEDED", "FAILED")
+                       for j in client.store.get_many(ids))
+
+        _poll(all_done, 600, "the burst to finish")
+        final = client.store.get_many(ids)
+        starts = sorted(next(h.time for h in j.history if h.state.value == "STARTING")
+                        for j in final if j is not None)
+        failed = sum(1 for j in final if j is not None and j.state.value != "SUCCEEDED")
+        span = starts[-1] - t0
+        burst_lat = sorted((next(h.time for h in j.history if h.state.value == "STARTING")
+                            - j.submitted_at) * 1000 for j in final if j is not None)
+
+        # 3. raw Celery: no-op tasks through one agent's queue (same process type, same Redis)
+        ping = client.celery.tasks["spillway.ping"]
+        queue = "node.bench-0"
+        n = jobs
+        t1 = time.perf_counter()
+        for i in range(n):
+            ping.apply_async(args=[i], queue=queue)
+        _poll(lambda: client.store_redis.llen(queue) == 0, 300, "ping tasks to drain")
+        celery_rate = n / (time.perf_counter() - t1)
+        return {
+            "benchmark": "dispatch",
+            "jobs": jobs,
+            "agents": agents,
+            "gpus_per_agent": gpus_per_agent,
+            "failed": failed,
+            "submit_s": round(t_submit, 3),
+            "job_starts_per_s": round(len(starts) / span, 1),
+            "burst_submit_to_start_p50_ms": round(statistics.median(burst_lat), 1),
+            "idle_submit_to_running_p50_ms": round(statistics.median(lat), 1),
+            "idle_submit_to_running_p95_ms": round(_pct(lat, 0.95), 1),
+            "celery_noop_tasks_per_s": round(celery_rate, 1),
+            "job_starts_vs_celery_ratio": round(len(starts) / span / celery_rate, 3),
+            "target_job_starts_per_s": 300,
+            "target_idle_p50_ms": 250,
+        }
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except Exception:
+                p.kill()
+        client.close()
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -244,7 +244,13 @@ class JobSpec(BaseModel):
         try:
             spec = cls.model_validate(dict(data))
         except ValidationError as e:
-            raise SpecError([_field_error(err) for err in e.errors()]) from None
+            errors = [_field_error(err) for err in e.errors()]
+            if config is not None and not any(f.field == "priority" for f in errors):
+                prio = data.get("priority") or config.default_class
+                if config.priority(str(prio)) is None:  # report the class with the rest
+                    errors.append(FieldError("priority", f"unknown priority class {prio!r}",
+                                             ", ".join(config.class_names)))
+            raise SpecError(errors) from None
         return spec.checked(config) if config is not None else spec
 
     def checked(self, config: Config) -> JobSpec:

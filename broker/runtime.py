@@ -32,6 +32,8 @@ class Runtime:
 
     @cached_property
     def celery(self):  # type: ignore[no-untyped-def]
+        import broker.tasks  # noqa: F401  (registers the task names this process sends)
+
         return configure(celery_app, self.redis_url, self.config)
 
 

@@ -104,10 +104,11 @@ class BaseStore(ABC):
         taken = [i for i, j in zip(ids, self._load(ids)) if j is not None]
         if taken or len(set(ids)) != len(ids):
             raise Conflict(f"job ids already exist or repeat: {taken or ids}; nothing stored")
+        # a microsecond apart, so jobs of one batch keep their list order in the queue
         jobs = [
-            Job(id=i, spec=s, state=JobState.PENDING, submitted_at=now, version=1,
-                history=(HistoryEntry(JobState.PENDING, now, "Submitted", 1),))
-            for i, s in zip(ids, checked)
+            Job(id=i, spec=s, state=JobState.PENDING, submitted_at=now + n * 1e-6, version=1,
+                history=(HistoryEntry(JobState.PENDING, now + n * 1e-6, "Submitted", 1),))
+            for n, (i, s) in enumerate(zip(ids, checked))
         ]
         statuses = self._commit([T.Change(j, 0) for j in jobs])
         if any(st != OK for st in statuses):  # only a concurrent writer of the same ids

@@ -70,6 +70,9 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(SpecError) as err:
         JobSpec.parse({"command": "", "gpus": -2, "gpu_types": "Q1"}, CFG)
     assert {e.field for e in err.value.errors} == {"command", "gpus", "gpu_types"}
+    with pytest.raises(SpecError) as err:
+        JobSpec.parse({"command": "", "priority": "urgent"}, CFG)
+    assert {e.field for e in err.value.errors} == {"command", "priority"}
 
 
 def test_good_spec_defaults_and_normalisation() -> None:

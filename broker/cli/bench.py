@@ -1,0 +1,58 @@
+"""``spillway bench``: the benchmarks in :mod:`broker.bench`, as JSON or a small table."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from broker.cli.common import out, print_json
+from broker.cli.root import app
+
+bench = typer.Typer(help="Benchmarks: the scheduling cycle, and dispatch through real "
+                         "processes.", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+Opt = typer.Option
+
+
+def _show(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+        return
+    table = Table(header_style="bold", box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for key, value in result.items():
+        table.add_row(str(key), str(value))
+    out.print(table)
+
+
+@bench.command("cycle")
+def cycle(
+    pending: Annotated[int, Opt("--pending", help="Pending jobs in the queue.")] = 10000,
+    nodes: Annotated[int, Opt("--nodes", help="Nodes in the cluster.")] = 1000,
+    gpus_per_node: Annotated[int, Opt("--gpus-per-node", help="GPUs per node.")] = 8,
+    cycles: Annotated[int, Opt("--cycles", help="Cycles to time.")] = 20,
+    seed: Annotated[int, Opt("--seed", help="Random seed of the synthetic workload.")] = 0,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Time the pure scheduling cycle on a synthetic queue and cluster."""
+    from broker.bench import bench_cycle
+
+    _show(bench_cycle(pending=pending, nodes=nodes, gpus_per_node=gpus_per_node,
+                      cycles=cycles, seed=seed), as_json)
+
+
+@bench.command("dispatch")
+def dispatch(
+    jobs: Annotated[int, Opt("--jobs", help="Trivial jobs to run.")] = 2000,
+    agents: Annotated[int, Opt("--agents", help="Worker agent processes.")] = 2,
+    gpus_per_agent: Annotated[int, Opt("--gpus-per-agent", help="GPUs per agent.")] = 8,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run trivial jobs through a real scheduler and agents on an embedded Redis."""
+    from broker.bench import bench_dispatch
+
+    _show(bench_dispatch(jobs=jobs, agents=agents, gpus_per_agent=gpus_per_agent), as_json)

@@ -1,0 +1,157 @@
+"""What every command shares: global options, the client, errors as one clear line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import typer
+from kombu.exceptions import OperationalError
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from broker.config import Config, load_config
+from broker.errors import ConfigError, FieldError, JobNotFound, SpecError, SpillwayError
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+EXIT_SPEC = 2  # bad input (a SpecError), like a usage error
+EXIT_FAIL = 1
+
+
+@dataclass
+class Settings:
+    """The global options, resolved lazily so ``--help`` never needs Redis or a config."""
+
+    redis_url: str | None = None
+    config_path: Path | None = None
+    _config: Config | None = None
+    _clients: list[Any] = field(default_factory=list)
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+    def url(self) -> str:
+        from broker.client import resolve_url
+
+        return resolve_url(self.redis_url, self.config)
+
+    def client(self) -> Any:
+        from broker.client import Client
+
+        client = Client(self.redis_url, self.config)
+        self._clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+
+
+def settings(ctx: typer.Context) -> Settings:
+    root = ctx.find_root()
+    if not isinstance(root.obj, Settings):
+        root.obj = Settings()
+        root.call_on_close(root.obj.close)
+    return root.obj
+
+
+def print_json(value: Any) -> None:
+    """JSON for scripts: plain stdout, no colour, no wrapping."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = EXIT_FAIL) -> typer.Exit:
+    err.print(f"[red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+def show_spec_error(e: SpecError, command: str | None = None) -> None:
+    if command == "submit":
+        err.print(f"[red]invalid job spec[/] ({len(e.errors)} problem(s)); nothing was "
+                  "submitted:")
+    else:
+        err.print(f"[red]invalid input[/] ({len(e.errors)} problem(s)):")
+    for fe in e.errors:
+        allowed = f" [dim](allowed: {escape(fe.allowed)})[/]" if fe.allowed else ""
+        err.print(f"  [red bold]{escape(fe.field)}[/]: [red]{escape(fe.problem)}[/]{allowed}")
+
+
+def spec_error(field_name: str, problem: str, allowed: str = "") -> SpecError:
+    return SpecError([FieldError(field_name, problem, allowed)])
+
+
+def _redis_hint(ctx: typer.Context) -> str:
+    obj = ctx.find_root().obj
+    url = getattr(obj, "redis_url", None)
+    url = redacted(url) if url else "the configured Redis"
+    return (f"cannot reach Redis at {url}; start it (or run `spillway up` for a local cluster), "
+            "or point --redis-url / SPILLWAY_REDIS_URL at a running server")
+
+
+class SpillwayGroup(TyperGroup):
+    """Turns Spillway's errors into one clear line and an exit code, never a traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except SpecError as e:
+            show_spec_error(e, ctx.invoked_subcommand)
+            raise typer.Exit(EXIT_SPEC) from None
+        except (ConfigError, JobNotFound) as e:
+            raise fail(str(e)) from None
+        except (redis.ConnectionError, redis.TimeoutError, OperationalError) as e:
+            err.print(f"[red]error:[/] {escape(_redis_hint(ctx))} ({escape(str(e))})")
+            raise typer.Exit(EXIT_FAIL) from None
+        except SpillwayError as e:
+            raise fail(str(e)) from None
+
+
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """``["K=V", ...]`` as a dict; a SpecError naming ``what`` for a malformed item."""
+    pairs: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise spec_error(what, f"{item!r} is not KEY=VALUE")
+        pairs[key.strip()] = value
+    return pairs
+
+
+def redacted(url: str) -> str:
+    """A URL without its password, for logs and messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+    m, s = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"

@@ -1,0 +1,283 @@
+"""``spillway demo``: a local cluster, a small mixed workload, a live table, a summary."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, settings
+from broker.cli.ops import _Stop, install_stop_handlers
+from broker.cli.render import gpus_text, state_text
+from broker.cli.root import app
+from broker.model import Job
+from broker.state import TERMINAL, JobState
+
+# Faster timings than production, for a demo on one machine (the environment still wins).
+DEMO_TIMINGS = {
+    "SPILLWAY_HEARTBEAT_S": "1",
+    "SPILLWAY_LEASE_TTL_S": "3",
+    "SPILLWAY_CYCLE_S": "0.5",
+    "SPILLWAY_RECONCILE_S": "0.5",
+    "SPILLWAY_GRACE_S": "5",
+}
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    name: str
+    team: str
+    priority: str
+    gpus: int
+    seconds: float
+    outcome: JobState  # how it should end: SUCCEEDED, FAILED (on purpose) or CANCELLED
+
+    def command(self) -> str:
+        say = f'echo "{self.name}: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
+        if self.outcome is JobState.FAILED:
+            return (f"{say}; echo {shlex.quote(self.name + ': config.yaml not found')} >&2; "
+                    "exit 3")
+        return f"{say}; sleep {self.seconds:g}; echo {shlex.quote(self.name + ': done')}"
+
+
+S, F, C = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
+WORKLOAD = (
+    DemoJob("finetune-llama", "nlp", "critical", 2, 3, S),
+    DemoJob("train-resnet", "vision", "high", 4, 4, S),
+    DemoJob("bad-config", "speech", "normal", 1, 0, F),
+    DemoJob("long-sweep", "vision", "low", 2, 60, C),  # cancelled once it runs
+    DemoJob("eval-bert", "nlp", "high", 1, 2, S),
+    DemoJob("batch-infer", "vision", "normal", 1, 3, S),
+    DemoJob("train-vit", "vision", "normal", 4, 3, S),
+    DemoJob("eval-whisper", "speech", "low", 1, 2, S),
+    DemoJob("distill", "nlp", "normal", 2, 3, S),
+    DemoJob("hparam-a", "vision", "low", 1, 2, S),
+    DemoJob("embed-corpus", "nlp", "high", 2, 2, S),
+    DemoJob("hparam-b", "vision", "low", 1, 2, S),
+)
+
+
+def workload(n: int) -> list[DemoJob]:
+    jobs = []
+    for i in range(n):
+        base = WORKLOAD[i % len(WORKLOAD)]
+        rnd = i // len(WORKLOAD)
+        name = base.name if rnd == 0 else f"{base.name}-{rnd + 1}"
+        jobs.append(DemoJob(name, base.team, base.priority, base.gpus, base.seconds,
+                            base.outcome))
+    return jobs
+
+
+class Board:
+    """The demo's view of its jobs: states, last output line, and the one cancel it does."""
+
+    def __init__(self, client: Any, plan: list[DemoJob], jobs: list[Job], node: str,
+                 inventory: str) -> None:
+        self.client, self.node, self.inventory = client, node, inventory
+        self.plan = {j.id: p for j, p in zip(jobs, plan)}
+        self.jobs = {j.id: j for j in jobs}
+        self.cursor = dict.fromkeys(self.plan, "0")
+        self.last_line: dict[str, str] = {}
+        self.devices: dict[str, str] = {}  # CUDA_VISIBLE_DEVICES, as each job printed it
+        self.cancelled: set[str] = set()
+        self.t0 = time.time()
+
+    def poll(self) -> None:
+        ids = list(self.plan)
+        for job in self.client.store.get_many(ids):
+            if job is not None:
+                self.jobs[job.id] = job
+        for job_id, job in self.jobs.items():
+            if job.attempts:
+                lines = self.client.store.read_logs(job_id, job.attempt, self.cursor[job_id])
+                if lines:
+                    self.cursor[job_id] = lines[-1].cursor
+                    self.last_line[job_id] = lines[-1].text.rstrip()
+                for line in lines:
+                    _, found, value = line.text.partition("CUDA_VISIBLE_DEVICES=")
+                    if found:
+                        self.devices[job_id] = value.strip()
+            if (self.plan[job_id].outcome is JobState.CANCELLED and job_id not in self.cancelled
+                    and job.state is JobState.RUNNING and job.started_at is not None
+                    and time.time() - job.started_at >= 1.0):
+                self.client.cancel(job_id)
+                self.cancelled.add(job_id)
+
+    @property
+    def done(self) -> bool:
+        return all(j.state in TERMINAL for j in self.jobs.values())
+
+    def render(self, width: int = 120) -> Group:
+        """The live view, fitted to ``width`` columns: the job id and the output column go
+        first when the terminal is narrow."""
+        now = time.time()
+        counts = Counter(j.state for j in self.jobs.values())
+        head = Text.assemble(
+            ("Spillway demo", "bold"), f"  {self.node} {self.inventory}  ",
+            f"{fmt_duration(now - self.t0)}  ",
+            ", ".join(f"{s.value.lower()} {counts[s]}" for s in JobState if counts[s]))
+        note = Text(f"DEVICES: CUDA_VISIBLE_DEVICES as each job saw it (GPU-{self.node}-N as N)",
+                    style="dim")
+        heads = ("ID", "NAME", "TEAM", "CLASS", "GPUS", "STATE", "WAITED", "RAN", "DEVICES")
+        rows = []
+        for job_id, job in self.jobs.items():
+            rows.append((job.id, job.spec.name or "-", job.team, job.priority,
+                         gpus_text(job.spec), job.state.value, fmt_duration(_wait_of(job, now)),
+                         fmt_duration(_run_of(job, now)),
+                         self._short(self.devices.get(job_id, "")) or "-"))
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+        keep = list(range(len(heads)))
+        if sum(widths) + len(heads) + 12 > width:
+            keep.remove(0)  # the id: `spillway queue --all` has it
+        left = width - sum(widths[i] for i in keep) - len(keep)
+        table = Table(header_style="bold", box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        for i in keep:
+            table.add_column(heads[i], no_wrap=True, min_width=widths[i])
+        if left >= 12:
+            table.add_column("LAST OUTPUT", overflow="ellipsis", no_wrap=True,
+                             max_width=min(left, 50))
+        for job, r in zip(self.jobs.values(), rows):
+            cells: list[Any] = [escape(r[i]) for i in keep]
+            cells[keep.index(5)] = state_text(job.state)
+            if left >= 12:
+                cells.append(escape(self.last_line.get(job.id, "")))
+            table.add_row(*cells)
+        return Group(head, note, table)
+
+    def _short(self, devices: str) -> str:
+        """The demo's static GPUs are named GPU-<node>-<index>: show the indices."""
+        prefix = f"GPU-{self.node}-"
+        ids = [d.strip() for d in devices.split(",") if d.strip()]
+        if not ids or not all(d.startswith(prefix) for d in ids):
+            return devices
+        return ",".join(d.removeprefix(prefix) for d in ids)
+
+
+def _wait_of(job: Job, now: float) -> float | None:
+    if job.attempts:
+        return job.attempts[0].started_at - job.submitted_at
+    return (job.finished_at or now) - job.submitted_at
+
+
+def _run_of(job: Job, now: float) -> float | None:
+    if not job.attempts:
+        return None
+    start = job.attempts[-1].started_at
+    end = job.attempts[-1].ended_at or job.finished_at or now
+    return end - start
+
+
+def summary(board: Board) -> tuple[Table, list[str]]:
+    jobs = list(board.jobs.values())
+    counts = Counter(j.state.value for j in jobs)
+    waits = [j.attempts[0].started_at - j.submitted_at for j in jobs if j.attempts]
+    ends = [j.finished_at for j in jobs if j.finished_at is not None]
+    makespan = max(ends) - min(j.submitted_at for j in jobs) if ends else None
+    table = Table(title="summary", title_justify="left", show_header=False, box=None)
+    table.add_column("")
+    table.add_column("", justify="right")
+    for state in JobState:
+        if counts[state.value]:
+            table.add_row(state_text(state), str(counts[state.value]))
+    table.add_row("jobs", str(len(jobs)))
+    table.add_row("mean wait", fmt_duration(statistics.mean(waits)) if waits else "-")
+    table.add_row("max wait", fmt_duration(max(waits)) if waits else "-")
+    table.add_row("makespan", fmt_duration(makespan))
+    wrong = [f"{j.spec.name} ({j.id}) ended {j.state.value}, expected "
+             f"{board.plan[j.id].outcome.value}" for j in jobs
+             if j.state is not board.plan[j.id].outcome]
+    return table, wrong
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    jobs: Annotated[int, typer.Option("--jobs", "-n", min=1, max=500,
+                                      help="How many jobs to run.")] = 12,
+    gpus: Annotated[str, typer.Option("--gpus", help="The worker's static GPU inventory.")
+                    ] = "8xA100-80GB",
+    timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many "
+                                                             "seconds of workload.")] = 120.0,
+) -> None:
+    """Run a small mixed workload on a local cluster, live, then shut down.
+
+    Starts Redis, a scheduler and a worker, submits jobs of several classes and sizes (one
+    fails on purpose, one is cancelled while running), shows a live table and a summary.
+    """
+    from broker.client import Client
+    from broker.embedded import LocalCluster
+
+    for key, value in DEMO_TIMINGS.items():
+        os.environ.setdefault(key, value)
+    s = settings(ctx)
+    configured = s.redis_url or s.config.redis_url
+    tmp = tempfile.TemporaryDirectory(prefix="spillway-demo-")
+    cluster = LocalCluster(Path(tmp.name), redis_url=configured, gpus=gpus, cpus=64,
+                           node_id=f"demo-{uuid.uuid4().hex[:6]}",
+                           config_path=str(s.config_path) if s.config_path else None,
+                           stop_timeout=s.config.grace_s + 10)
+    install_stop_handlers()
+    code = 0
+    client = None
+    try:
+        with err.status("starting Redis, the scheduler and a worker..."):
+            cluster.start()
+        kind = "embedded, stops with the demo" if cluster.embedded else "configured"
+        out.print(f"Redis {cluster.url} ({kind}); worker {cluster.node_id} with {gpus}")
+        client = Client(cluster.url, s.config)
+        plan = workload(jobs)
+        submitted = client.submit_many([
+            {"command": p.command(), "name": p.name, "team": p.team, "priority": p.priority,
+             "gpus": p.gpus, "cpus": 1} for p in plan])
+        board = Board(client, plan, submitted, cluster.node_id, gpus)
+        deadline = time.monotonic() + timeout
+        with Live(board.render(out.width), console=out, refresh_per_second=4) as live:
+            while not board.done and time.monotonic() < deadline:
+                board.poll()
+                live.update(board.render(out.width))
+                time.sleep(0.25)
+            board.poll()
+            live.update(board.render(out.width))
+        table, wrong = summary(board)
+        out.print()
+        out.print(table)
+        if not board.done:
+            left = [j.id for j in board.jobs.values() if j.state not in TERMINAL]
+            err.print(f"[red]error:[/] {len(left)} job(s) still not finished after "
+                      f"{timeout:g}s: {', '.join(left)}; logs in {cluster.log_dir}")
+            code = EXIT_FAIL
+        elif wrong:
+            err.print("[red]unexpected outcomes:[/] " + escape("; ".join(wrong)))
+            code = EXIT_FAIL
+        else:
+            out.print("[green]every job ended as planned[/] (one failed and one was "
+                      "cancelled on purpose)")
+    except (KeyboardInterrupt, _Stop):
+        err.print("interrupted; shutting down")
+        code = 130
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if code not in (0, 130):  # the logs go with the temporary directory: show their ends
+            for child in cluster.children:
+                err.print(f"--- {child.name} log (last lines) ---\n{escape(child.tail(30))}")
+        if client is not None:
+            client.close()
+        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        tmp.cleanup()
+    raise typer.Exit(code)

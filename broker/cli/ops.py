@@ -1,0 +1,177 @@
+"""Operator commands: nodes, scheduler, worker, up."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from broker.cli.common import (
+    err,
+    fail,
+    out,
+    parse_pairs,
+    print_json,
+    redacted,
+    settings,
+)
+from broker.cli.render import nodes_table
+from broker.cli.root import app
+
+Opt = typer.Option
+
+
+@app.command()
+def nodes(
+    ctx: typer.Context,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON (a list of nodes).")] = False,
+) -> None:
+    """List worker nodes: state, GPUs free/total by model, running jobs, last heartbeat."""
+    views = settings(ctx).client().nodes()
+    if as_json:
+        print_json([v.to_dict() for v in views])
+    elif not views:
+        err.print("no nodes registered; start one with `spillway worker` (or `spillway up`)")
+    else:
+        out.print(nodes_table(views))
+
+
+@app.command()
+def scheduler(
+    ctx: typer.Context,
+    beat: Annotated[bool, Opt("--beat/--no-beat", help="Run the periodic cycle and "
+                                                       "reconciler in this process.")] = True,
+    loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
+                        ] = "WARNING",
+) -> None:
+    """Run the scheduler: scheduling cycles and the reconciler.
+
+    A Celery worker on the control queue with the beat embedded. Run one or two: cycles are
+    serialised by a Redis lock.
+    """
+    from broker.service import run_scheduler
+
+    s = settings(ctx)
+    url = s.url()
+    every = (f"; cycle every {s.config.cycle_s:g}s, reconcile every {s.config.reconcile_s:g}s"
+             if beat else "; no beat")
+    err.print(f"spillway scheduler: control queue on {redacted(url)}{every}")
+    raise typer.Exit(run_scheduler(url, s.config, beat=beat, loglevel=loglevel))
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    node_id: Annotated[str | None, Opt("--node-id", help="Node id (default: the hostname)",
+                                       show_default=False)] = None,
+    gpus: Annotated[str | None, Opt("--gpus", help="Static GPU inventory instead of NVML, "
+                                                   "e.g. 8xA100-80GB or 4xA100-80GB,2xT4.")
+                    ] = None,
+    inventory: Annotated[Path | None, Opt("--inventory", help="Static inventory file "
+                                                              "(YAML) instead of NVML.")] = None,
+    cpus: Annotated[float | None, Opt("--cpus", help="CPUs to offer (default: all)",
+                                      show_default=False)] = None,
+    memory: Annotated[float | None, Opt("--memory", help="Memory to offer, GB "
+                                                         "(default: all)",
+                                        show_default=False)] = None,
+    label: Annotated[list[str] | None, Opt("--label", help="KEY=VALUE node label; "
+                                                           "repeatable.")] = None,
+    site: Annotated[str, Opt("--site", help="onprem, or the cloud site this host is in.")
+                    ] = "onprem",
+    work_dir: Annotated[Path | None, Opt("--work-dir", help="Where job directories and "
+                                                            "agent state go.")] = None,
+    loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
+                        ] = "INFO",
+) -> None:
+    """Run the worker agent on this GPU host: registers the node, heartbeats, runs jobs."""
+    import logging
+
+    logging.basicConfig(level=loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from workers.agent import run_agent
+    except ImportError as e:  # pragma: no cover (the agent ships with the package)
+        raise fail(f"the worker agent cannot be imported ({e}); reinstall spillway") from None
+    s = settings(ctx)
+    code = run_agent(s.url(), s.config, node_id=node_id, gpus=gpus,
+                     inventory=str(inventory) if inventory else None, cpus=cpus,
+                     memory_gb=memory, labels=parse_pairs(label, "label") or None, site=site,
+                     work_dir=str(work_dir) if work_dir else None)
+    raise typer.Exit(int(code or 0))
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM (and SIGHUP) stop the local cluster the same way Ctrl-C does."""
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGHUP, _raise_stop)
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    gpus: Annotated[str, Opt("--gpus", help="The worker's static GPU inventory.")
+                    ] = "8xA100-80GB",
+    cpus: Annotated[int, Opt("--cpus", help="The worker's CPUs.")] = 64,
+    node_id: Annotated[str | None, Opt("--node-id", help="The worker's node id.")] = None,
+    port: Annotated[int | None, Opt("--port", help="Port for the embedded Redis "
+                                                   "(default: a free one)",
+                                    show_default=False)] = None,
+    state_dir: Annotated[Path | None, Opt("--state-dir", help="Data, logs and job dirs "
+                                                              "(default: the config's state_dir)",
+                                          show_default=False)] = None,
+) -> None:
+    """Run a whole cluster on this machine; Ctrl-C stops it.
+
+    Redis (embedded unless one is configured), a scheduler, and a worker with a static GPU
+    inventory, all as child processes.
+    """
+    from broker.embedded import LocalCluster
+
+    s = settings(ctx)
+    configured = s.redis_url or s.config.redis_url
+    cluster = LocalCluster(state_dir or Path(s.config.state_dir).expanduser(),
+                           redis_url=configured, gpus=gpus, cpus=cpus, node_id=node_id,
+                           config_path=str(s.config_path) if s.config_path else None,
+                           persist=True, port=port, stop_timeout=s.config.grace_s + 15)
+    install_stop_handlers()
+    code = 0
+    try:
+        with err.status("starting Redis, the scheduler and a worker..."):
+            cluster.start()
+        where = (f"embedded Redis (data in {cluster.state_dir / 'redis.db'})" if cluster.embedded
+                 else "the configured Redis")
+        out.print(f"[green]Spillway is up[/] on {where}.")
+        out.print(f"  worker     {escape(cluster.node_id)}: {gpus}, {cpus} CPUs")
+        out.print(f"  logs       {cluster.log_dir}")
+        out.print("In another shell:")
+        out.print(f"  [bold]export SPILLWAY_REDIS_URL={cluster.url}[/]")
+        out.print("  spillway submit --gpus 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'")
+        out.print("  spillway queue")
+        out.print("Ctrl-C stops everything.")
+        while True:
+            dead = cluster.dead_child()
+            if dead is not None:
+                err.print(f"[red]error:[/] {escape(cluster.describe_death(dead))}")
+                code = 1
+                break
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Stop):
+        then = ", then the embedded Redis" if cluster.embedded else ""
+        err.print(f"stopping the worker and the scheduler{then}...")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut cleanup
+        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise typer.Exit(code)

@@ -1,0 +1,179 @@
+"""Rich tables and panels for jobs, explanations and nodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from broker.cli.common import fmt_duration
+from broker.client import Explanation, NodeView
+from broker.model import Job, JobSpec
+from broker.state import TERMINAL, JobState
+
+STATE_STYLE = {
+    JobState.PENDING: "yellow",
+    JobState.STARTING: "cyan",
+    JobState.RUNNING: "bold cyan",
+    JobState.STOPPING: "magenta",
+    JobState.SUCCEEDED: "green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
+    JobState.PREEMPTED: "magenta",
+    JobState.LOST: "red",
+}
+
+
+def state_text(state: JobState) -> Text:
+    return Text(state.value, style=STATE_STYLE.get(state, ""))
+
+
+def gpus_text(spec: JobSpec) -> str:
+    text = str(spec.gpus)
+    if spec.mig_profile:
+        text += f" mig {spec.mig_profile}"
+    if spec.gpu_types:
+        text += " " + "/".join(spec.gpu_types)
+    if spec.nodes > 1:
+        text += f" x{spec.nodes}"
+    return text
+
+
+def queued_at(job: Job) -> float:
+    return next((h.time for h in reversed(job.history) if h.state is JobState.PENDING),
+                job.submitted_at)
+
+
+def waited_ran(job: Job, now: float) -> str:
+    if job.state is JobState.PENDING:
+        return f"waited {fmt_duration(now - queued_at(job))}"
+    if job.started_at is not None:
+        end = job.finished_at if job.state in TERMINAL and job.finished_at else now
+        return f"ran {fmt_duration(end - job.started_at)}"
+    end = job.finished_at or now
+    return f"waited {fmt_duration(end - queued_at(job))}"
+
+
+def reason_text(job: Job) -> str:
+    if job.state is JobState.PENDING:
+        r = job.pending_reason
+        return f"{r.code}: {r.message}" if r else "not scheduled yet"
+    if job.state in (JobState.STARTING, JobState.RUNNING):
+        return "on " + ", ".join(job.node_ids)
+    last = job.history[-1].reason if job.history else ""
+    if job.state is JobState.FAILED and job.exit_code is not None and "exit" not in last:
+        return f"{last} (exit {job.exit_code})"
+    return last
+
+
+def jobs_table(jobs: Sequence[Job], now: float | None = None, title: str | None = None,
+               width: int = 120) -> Table:
+    """One row per job; every column keeps its full width except REASON, which is cut to fit
+    ``width`` (the console's)."""
+    now = time.time() if now is None else now
+    heads = ("ID", "NAME", "TEAM", "CLASS", "STATE", "GPUS", "WAITED/RAN")
+    rows = [(j.id, j.spec.name or "-", j.team, j.priority, j.state.value, gpus_text(j.spec),
+             waited_ran(j, now), reason_text(j)) for j in jobs]
+    table = Table(title=title, header_style="bold", box=None, pad_edge=False)
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(heads)]
+    for col, w in zip(heads, widths):
+        table.add_column(col, no_wrap=True, min_width=w)
+    left = max(12, width - sum(widths) - 2 * len(heads))
+    table.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=min(left, 90))
+    for j, r in zip(jobs, rows):
+        table.add_row(r[0], escape(r[1]), escape(r[2]), r[3], state_text(j.state), r[5], r[6],
+                      escape(r[7]))
+    return table
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def job_panel(job: Job) -> Group:
+    s = job.spec
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows = [
+        ("id", job.id), ("name", s.name or "-"), ("state", state_text(job.state)),
+        ("team / class", f"{job.team} / {job.priority}"),
+        ("command", s.display_command),
+        ("resources", f"{gpus_text(s)} GPU(s), {s.cpus:g} CPU(s), {s.memory_gb:g} GB memory"
+                      + (f", >= {s.min_gpu_memory_gb:g} GB per GPU" if s.min_gpu_memory_gb
+                         else "")),
+        ("sites", ", ".join(s.sites)),
+        ("time limit", fmt_duration(s.time_limit) if s.time_limit else "-"),
+        ("deadline", _when(s.deadline)),
+        ("checkpoint dir", s.checkpoint_dir or "-"),
+        ("max price", f"${s.max_price_per_hour:g}/h" if s.max_price_per_hour else "-"),
+        ("submitted", _when(job.submitted_at)),
+        ("attempt", str(job.attempt)),
+        ("placement", "; ".join(f"{a.node_id}[{','.join(a.gpu_ids)}]"
+                                for a in job.allocations) or "-"),
+        ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+        ("reason", reason_text(job)),
+    ]
+    if s.env:
+        rows.insert(5, ("env", " ".join(f"{k}={v}" for k, v in s.env.items())))
+    for key, value in rows:
+        grid.add_row(key, value if isinstance(value, Text) else escape(str(value)))
+    return Group(grid, Text(""), history_table(job))
+
+
+def history_table(job: Job) -> Table:
+    table = Table(title="history", title_justify="left", header_style="bold", box=None)
+    for col in ("TIME", "STATE", "ATTEMPT", "REASON"):
+        table.add_column(col)
+    for h in job.history:
+        table.add_row(_when(h.time), state_text(h.state), str(h.attempt), escape(h.reason))
+    return table
+
+
+def explanation_panel(e: Explanation) -> Group:
+    head = Text.assemble((f"{e.job_id}", "bold"), f" ({e.name}) is ", state_text(e.state))
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    sla = "none" if e.sla_s == float("inf") else fmt_duration(e.sla_s)
+    grid.add_row("class", f"{e.priority} (rank {e.rank}, accepts waiting up to {sla})")
+    grid.add_row("team", escape(e.team))
+    waited = fmt_duration(e.waited_s)
+    if e.sla_breached:
+        waited += " [red](longer than its class accepts)[/]"
+    grid.add_row("waited", waited)
+    if e.position is not None:
+        grid.add_row("queue position", f"{e.position} of {e.pending_total} pending "
+                                       "(scheduling order)")
+    grid.add_row("why", f"[bold]{escape(e.reason_code)}[/]: {escape(e.message)}")
+    if e.placement:
+        grid.add_row("placement", "; ".join(f"{a.node_id}[{','.join(a.gpu_ids)}]"
+                                            for a in e.placement))
+    if e.exit_code is not None:
+        grid.add_row("exit code", str(e.exit_code))
+    hist = Table(title="recent history", title_justify="left", header_style="bold", box=None)
+    for col in ("TIME", "STATE", "REASON"):
+        hist.add_column(col)
+    for h in e.history:
+        hist.add_row(_when(h.time), state_text(h.state), escape(h.reason))
+    return Group(head, grid, Text(""), hist)
+
+
+def nodes_table(nodes: Sequence[NodeView]) -> Table:
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "CPUS", "JOBS", "HEARTBEAT"):
+        table.add_column(col, no_wrap=col != "JOBS")
+    for n in nodes:
+        style = {"READY": "green", "DRAINING": "yellow"}.get(n.state, "red")
+        gpus = ", ".join(f"{n.gpus_free.get(k, 0)}/{c} {k}" for k, c in n.gpus_total.items())
+        jobs = ", ".join(n.jobs) if n.jobs else "-"
+        table.add_row(escape(n.id), Text(n.state, style=style), n.site, gpus or "-",
+                      f"{n.cpus:g}", jobs, f"{fmt_duration(n.lease_age_s)} ago")
+    return table

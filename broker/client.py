@@ -1,0 +1,408 @@
+"""The Python client: what researchers use, and what the CLI is built on.
+
+    from broker.client import Client
+    with Client() as c:                       # URL from SPILLWAY_REDIS_URL or the config file
+        job = c.submit(command="python train.py", gpus=4, gpu_types=["A100"], priority="high")
+        c.wait(job.id, timeout=3600)
+        for line in c.logs(job.id):
+            print(line.text)
+
+Every method returns frozen, typed values (:class:`Job`, :class:`Explanation`,
+:class:`NodeView`). Bad input raises :class:`~broker.errors.SpecError` naming each field, and
+nothing is stored.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from celery import Celery
+
+import broker.tasks  # noqa: F401  (registers the spillway.* tasks sent by name)
+from broker.actuator import send_stops
+from broker.app import configure
+from broker.config import Config, load_config
+from broker.control import STATS, trigger_cycle
+from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
+from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.plan import Snapshot
+from broker.runtime import Runtime
+from broker.state import TERMINAL, JobState
+from broker.store.base import BaseStore, LogLine
+
+__all__ = ["Client", "Explanation", "JobTimeout", "NodeView"]
+
+StateFilter = str | JobState | Iterable[str | JobState] | None
+
+
+class JobTimeout(SpillwayError, TimeoutError):
+    """``wait`` gave up before the job ended. ``job`` is its last seen record."""
+
+    def __init__(self, job: Job, timeout: float) -> None:
+        self.job = job
+        super().__init__(
+            f"job {job.id} is still {job.state.value} after {timeout:g}s; "
+            f"`spillway explain {job.id}` says why"
+        )
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a job is where it is: the answer to "why is my job still pending?"."""
+
+    job_id: str
+    name: str
+    state: JobState
+    team: str
+    priority: str
+    rank: int
+    sla_s: float
+    attempt: int
+    waited_s: float  # time queued in the current attempt (until it started, or until now)
+    sla_breached: bool  # pending longer than its class accepts
+    reason_code: str
+    message: str
+    position: int | None = None  # 1-based place among pending jobs, in scheduling order
+    pending_total: int | None = None
+    placement: tuple[Allocation, ...] = ()
+    exit_code: int | None = None
+    history: tuple[HistoryEntry, ...] = ()  # the last few entries
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "name": self.name, "state": self.state.value,
+            "team": self.team, "priority": self.priority, "rank": self.rank,
+            "sla_s": self.sla_s, "attempt": self.attempt, "waited_s": round(self.waited_s, 3),
+            "sla_breached": self.sla_breached, "reason_code": self.reason_code,
+            "message": self.message, "position": self.position,
+            "pending_total": self.pending_total,
+            "placement": [{"node_id": a.node_id, "gpu_ids": list(a.gpu_ids), "rank": a.rank}
+                          for a in self.placement],
+            "exit_code": self.exit_code,
+            "history": [[h.state.value, h.time, h.reason, h.attempt] for h in self.history],
+        }
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as an operator sees it."""
+
+    id: str
+    state: str  # READY, DRAINING, DOWN, or EXPIRED (lease ran out, not yet reconciled)
+    site: str
+    hostname: str
+    gpus_total: Mapping[str, int]  # device kind ("A100-80GB", "A100-80GB/1g.10gb") -> count
+    gpus_free: Mapping[str, int]
+    jobs: tuple[str, ...]  # ids of jobs holding GPUs here
+    lease_age_s: float  # seconds since the last heartbeat
+    lease_left_s: float  # seconds until the lease runs out (negative: expired)
+    cpus: float = 0.0
+    memory_gb: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.gpus_total.values())
+
+    @property
+    def free(self) -> int:
+        return sum(self.gpus_free.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "state": self.state, "site": self.site, "hostname": self.hostname,
+            "gpus_total": dict(self.gpus_total), "gpus_free": dict(self.gpus_free),
+            "jobs": list(self.jobs), "lease_age_s": round(self.lease_age_s, 3),
+            "lease_left_s": round(self.lease_left_s, 3), "cpus": self.cpus,
+            "memory_gb": self.memory_gb, "labels": dict(self.labels),
+        }
+
+
+def resolve_url(redis_url: str | None, config: Config) -> str:
+    url = redis_url or os.environ.get("SPILLWAY_REDIS_URL") or config.redis_url
+    if not url:
+        raise ConfigError(
+            "no Redis URL: pass redis_url / --redis-url, set SPILLWAY_REDIS_URL, set redis_url "
+            "in the config file, or start a local cluster with `spillway up`"
+        )
+    return url
+
+
+def parse_states(state: StateFilter) -> set[JobState] | None:
+    """``"pending"``, ``"RUNNING,STARTING"``, a JobState or an iterable of them."""
+    if state is None:
+        return None
+    items = [state] if isinstance(state, (str, JobState)) else builtins.list(state)
+    out: set[JobState] = set()
+    for item in items:
+        if isinstance(item, JobState):
+            out.add(item)
+            continue
+        for part in str(item).split(","):
+            name = part.strip().upper()
+            if not name:
+                continue
+            if name not in JobState.__members__:
+                raise SpecError([FieldError("state", f"unknown job state {part.strip()!r}",
+                                            ", ".join(JobState.__members__))])
+            out.add(JobState[name])
+    return out or None
+
+
+class Client:
+    """A connection to one Spillway cluster (its Redis)."""
+
+    def __init__(self, redis_url: str | None = None, config: Config | None = None) -> None:
+        self.config = config or load_config()
+        self.redis_url = resolve_url(redis_url, self.config)
+        self._rt = Runtime(self.config, self.redis_url)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> BaseStore:
+        return self._rt.store
+
+    @property
+    def store_redis(self) -> redis.Redis:
+        """A plain Redis client on the cluster's database (for tools and benchmarks)."""
+        return self._rt.redis
+
+    @property
+    def celery(self) -> Celery:
+        """The Celery app, configured for this cluster."""
+        return self._rt.celery
+
+    def close(self) -> None:
+        """Close this client's Redis connections (safe to call twice)."""
+        made = self._rt.__dict__
+        if "store" in made:
+            close = getattr(made.pop("store"), "close", None)
+            if close is not None:
+                close()
+        if "redis" in made:
+            made.pop("redis").close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _point_celery(self) -> Runtime:
+        """Celery's app is process-wide: aim it at this client's cluster before publishing, in
+        case another client in this process (tests, tools) aimed it elsewhere."""
+        if self._rt.celery.conf.broker_url != self.redis_url:
+            configure(self._rt.celery, self.redis_url, self.config)
+        return self._rt
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def _spec(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> JobSpec:
+        if isinstance(spec, JobSpec) and not fields:
+            return spec.checked(self.config)
+        if isinstance(spec, JobSpec):
+            data = {**spec.model_dump(exclude_unset=True), **fields}
+        elif spec is None:
+            data = dict(fields)
+        elif isinstance(spec, Mapping):
+            data = {**spec, **fields}
+        else:
+            raise SpecError([FieldError("spec", f"expected a JobSpec or a mapping, got "
+                                                f"{type(spec).__name__}")])
+        return JobSpec.parse(data, self.config)
+
+    def submit(self, spec: JobSpec | Mapping[str, Any] | None = None, **fields: Any) -> Job:
+        """Validate and queue one job; returns it PENDING. SpecError stores nothing."""
+        checked = self._spec(spec, fields)
+        job = self.store.submit(checked, now=time.time())
+        trigger_cycle(self._point_celery())
+        return job
+
+    def submit_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> builtins.list[Job]:
+        """Validate every spec, then queue them all in one write, or none of them."""
+        checked: builtins.list[JobSpec] = []
+        problems: builtins.list[FieldError] = []
+        for i, spec in enumerate(specs):
+            try:
+                checked.append(self._spec(spec, {}))
+            except SpecError as e:
+                problems += [FieldError(f"[{i}].{p.field}", p.problem, p.allowed)
+                             for p in e.errors]
+        if problems:
+            raise SpecError(problems)
+        if not checked:
+            return []
+        jobs = self.store.submit_many(checked, now=time.time())
+        trigger_cycle(self._point_celery())
+        return jobs
+
+    def get(self, job_id: str) -> Job:
+        """The job's current record; JobNotFound if there is none."""
+        return self.store.get(job_id)
+
+    def list(self, state: StateFilter = None, team: str | None = None,
+             priority: str | None = None, limit: int | None = None) -> builtins.list[Job]:
+        """Jobs oldest first; ``limit`` keeps the newest N."""
+        return self.store.list_jobs(parse_states(state), team=team, priority=priority,
+                                    limit=limit)
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job: a queued one ends at once, a placed one is stopped (SIGTERM, grace,
+        SIGKILL). Cancelling a finished job changes nothing and returns it."""
+        job = self.store.cancel(job_id, now=time.time())
+        if job.state is JobState.STOPPING:
+            send_stops(self._point_celery(), [job])
+        return job
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.2) -> Job:
+        """Block until the job is SUCCEEDED, FAILED or CANCELLED; JobTimeout otherwise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job.state in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeout(job, timeout or 0.0)
+            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            time.sleep(max(pause, 0.0))
+
+    def logs(self, job_id: str, attempt: int | None = None, follow: bool = False,
+             since: str = "0") -> Iterator[LogLine]:
+        """An attempt's output lines (default: the current attempt). With ``follow``, keep
+        reading until the job ends or moves to a later attempt, and the stream is drained."""
+        job = self.get(job_id)
+        attempt = job.attempt if attempt is None else attempt
+        cursor = since
+        while True:
+            lines = self.store.read_logs(job_id, attempt, cursor, limit=1000,
+                                         block_s=1.0 if follow else 0.0)
+            for line in lines:
+                cursor = line.cursor
+                yield line
+            if lines:
+                continue
+            if not follow:
+                return
+            job = self.get(job_id)
+            if job.state in TERMINAL or job.attempt != attempt:
+                # Appends are fenced on the attempt: once it is over nothing more arrives.
+                yield from self.logs(job_id, attempt, follow=False, since=cursor)
+                return
+
+    # -- why -------------------------------------------------------------------------------------
+
+    def explain(self, job_id: str) -> Explanation:
+        """Why the job is in its state: its class and SLA, how long it waited, the scheduler's
+        reason, its place in the queue, and how it ended if it did."""
+        now = time.time()
+        job = self.get(job_id)
+        cls = self.config.priority(job.priority)
+        rank, sla = (cls.rank, cls.sla_s) if cls else (0, float("inf"))
+        queued_at = next((h.time for h in reversed(job.history)
+                          if h.state is JobState.PENDING), job.submitted_at)
+        if job.state is JobState.PENDING:
+            waited = now - queued_at
+        else:
+            started = job.attempts[-1].started_at if job.attempts else None
+            end = started if started is not None else (job.finished_at or now)
+            waited = max(0.0, end - queued_at)
+        position = total = None
+        if job.state is JobState.PENDING:
+            reason = self.store.explain(job_id) or job.pending_reason or self._no_reason(now)
+            position, total = self._position(job)
+        else:
+            reason = _state_reason(job, now)
+        return Explanation(
+            job_id=job.id, name=job.name, state=job.state, team=job.team, priority=job.priority,
+            rank=rank, sla_s=sla, attempt=job.attempt, waited_s=waited,
+            sla_breached=job.state is JobState.PENDING and waited > sla,
+            reason_code=reason.code, message=reason.message, position=position,
+            pending_total=total, placement=job.allocations, exit_code=job.exit_code,
+            history=job.history[-8:],
+        )
+
+    def _no_reason(self, now: float) -> Reason:
+        last = self._rt.redis.hget(STATS, "at")
+        if last is None:
+            return Reason("NotScheduledYet", "no scheduling cycle has run on this cluster yet; "
+                                             "is `spillway scheduler` running?")
+        age = now - float(last)
+        if age > max(10.0, 5 * self.config.cycle_s):
+            return Reason("SchedulerIdle", f"the last scheduling cycle ran {age:.0f}s ago; "
+                                           "is `spillway scheduler` still running?")
+        return Reason("NotScheduledYet", "submitted moments ago; the next scheduling cycle "
+                                         "will consider it")
+
+    def _position(self, job: Job) -> tuple[int | None, int]:
+        from policies.registry import PolicySet
+
+        pending = self.store.list_jobs({JobState.PENDING})
+        snap = Snapshot(time.time(), tuple(pending), (), (), {}, self.config.classes)
+        ordered = PolicySet().resolve("order")(snap, pending)
+        ids = [j.id for j in ordered]
+        return (ids.index(job.id) + 1 if job.id in ids else None), len(ids)
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def nodes(self) -> builtins.list[NodeView]:
+        """Every registered node with its GPUs (total and free, by kind) and running jobs."""
+        now = time.time()
+        nodes = self.store.nodes()
+        held = self.store.allocations([n.id for n in nodes])
+        return [_node_view(n, held.get(n.id, {}), now, self.config.lease_ttl_s) for n in nodes]
+
+
+def _kind(gpu: Any) -> str:
+    return f"{gpu.model}/{gpu.mig_profile}" if gpu.mig_profile else gpu.model
+
+
+def _node_view(node: Node, held: Mapping[str, str], now: float, ttl: float) -> NodeView:
+    devices = node.allocatable
+    total = Counter(_kind(g) for g in devices)
+    free = Counter(_kind(g) for g in devices if g.id not in held)
+    jobs = tuple(dict.fromkeys(owner.rsplit(":", 1)[0] for owner in held.values()))
+    state = node.state.value
+    if node.state is not NodeState.DOWN and node.lease_expires <= now:
+        state = "EXPIRED"
+    return NodeView(
+        id=node.id, state=state, site=node.site, hostname=node.hostname,
+        gpus_total=dict(sorted(total.items())),
+        gpus_free={k: free.get(k, 0) for k in sorted(total)},
+        jobs=jobs, lease_age_s=max(0.0, now - (node.lease_expires - ttl)),
+        lease_left_s=node.lease_expires - now, cpus=node.cpus, memory_gb=node.memory_gb,
+        labels=dict(node.labels),
+    )
+
+
+def _state_reason(job: Job, now: float) -> Reason:
+    nodes = ", ".join(job.node_ids) or "?"
+    last = job.history[-1] if job.history else None
+    why = last.reason if last else ""
+    if job.state is JobState.STARTING:
+        return Reason("Starting", f"placed on {nodes}; waiting for the agent to start it")
+    if job.state is JobState.RUNNING:
+        since = now - (job.started_at or now)
+        return Reason("Running", f"running on {nodes} for {since:.0f}s (attempt {job.attempt})")
+    if job.state is JobState.STOPPING:
+        target = job.stop_target.value.lower() if job.stop_target else "stopped"
+        return Reason("Stopping", f"being {target} on {nodes}: {why}; waiting for its "
+                                  "process to exit")
+    ran = ""
+    if job.started_at is not None and job.finished_at is not None:
+        ran = f" after running {job.finished_at - job.started_at:.0f}s"
+    if job.state is JobState.SUCCEEDED:
+        return Reason("Succeeded", f"exited 0{ran}")
+    if job.state is JobState.FAILED:
+        code = f", exit code {job.exit_code}" if job.exit_code is not None else ""
+        return Reason("Failed", f"{why}{code}{ran}")
+    if job.state is JobState.CANCELLED:
+        return Reason("Cancelled", f"{why}{ran}")
+    return Reason(job.state.value.title(), why)

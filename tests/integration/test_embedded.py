@@ -1,0 +1,139 @@
+"""``spillway demo`` and ``spillway up`` as a user runs them: real processes, an embedded Redis,
+and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.client import Client
+from broker.state import JobState
+
+pytestmark = pytest.mark.integration
+
+URL_RE = re.compile(r"redis://127\.0\.0\.1:(\d+)/0")
+
+
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SPILLWAY_") and k != "REDIS_URL"}
+    env.update(HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path), COLUMNS="200",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def assert_all_gone(port: int, url: str) -> None:
+    deadline = time.monotonic() + 10
+    while (port_open(port) or processes_mentioning(url)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not port_open(port), f"the embedded Redis on port {port} is still running"
+    assert not processes_mentioning(url), processes_mentioning(url)
+
+
+def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--jobs", "6"],
+                          env=clean_env(tmp_path), capture_output=True, text=True, timeout=150,
+                          stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "every job ended as planned" in proc.stdout
+    for state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        assert state in proc.stdout
+    # The live table's rows: ID NAME TEAM CLASS GPUS STATE WAITED RAN DEVICES LAST-OUTPUT,
+    # DEVICES being CUDA_VISIBLE_DEVICES as each job printed it: exactly its GPU count.
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("j-")]
+    assert len(rows) == 6, proc.stdout
+    for row in rows:
+        assert len(row[8].split(",")) == int(row[4]), row
+    assert "Traceback" not in output
+    assert elapsed < 90, f"the demo took {elapsed:.0f}s"
+    m = URL_RE.search(output)
+    assert m, output
+    assert_all_gone(int(m.group(1)), m.group(0))
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "up", "--gpus", "2xA100-80GB", "--cpus", "8",
+         "--node-id", "up-test", "--state-dir", str(tmp_path / "state")],
+        env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_serves_jobs_and_stops_on_sigterm(up: tuple[subprocess.Popen[str],
+                                                         queue.Queue[str]]) -> None:
+    proc, lines = up
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    url = None
+    while url is None:
+        assert time.monotonic() < deadline, "".join(seen)
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            continue
+        seen.append(line)
+        m = re.search(r"export SPILLWAY_REDIS_URL=(\S+)", line)
+        url = m.group(1) if m else None
+        assert proc.poll() is None or url, "".join(seen)
+
+    with Client(url) as client:
+        assert [n.id for n in client.nodes()] == ["up-test"]
+        job = client.submit(command="echo gpus=$CUDA_VISIBLE_DEVICES", gpus=2)
+        done = client.wait(job.id, timeout=30)
+        assert done.state is JobState.SUCCEEDED
+        assert any("gpus=GPU-" in x.text for x in client.logs(job.id))
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    port = int(URL_RE.search(url).group(1))  # type: ignore[union-attr]
+    assert_all_gone(port, url)

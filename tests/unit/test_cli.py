@@ -1,0 +1,172 @@
+"""The ``spillway`` CLI through Typer's CliRunner, against a real Redis database of its own."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from broker.cli import app
+
+DB = 13
+COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "scheduler",
+            "worker", "up", "demo", "bench", "bench cycle", "bench dispatch"]
+
+
+def with_db(url: str, db: int) -> str:
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/spillway/config.yaml
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture
+def url(redis_url: str) -> Iterator[str]:
+    u = with_db(redis_url, DB)
+    raw = redis.Redis.from_url(u)
+    raw.flushdb()
+    try:
+        yield u
+    finally:
+        raw.flushdb()
+        raw.close()
+
+
+def cli(*args: str, url: str | None = None) -> tuple[int, str, str]:
+    argv = (["--redis-url", url] if url else []) + list(args)
+    result = CliRunner().invoke(app, argv, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_for_every_command(command: str) -> None:
+    code, out, _ = cli(*command.split(), "--help")
+    assert code == 0, out
+    assert "Usage" in out
+
+
+def test_root_help_lists_every_command() -> None:
+    code, out, _ = cli("--help")
+    assert code == 0
+    for command in COMMANDS:
+        assert command.split()[0] in out
+
+
+def test_bad_spec_exits_2_naming_each_field(url: str) -> None:
+    code, out, err = cli("submit", "--gpus", "99", "--gpu-type", "Z100", "-p", "urgent",
+                         "--env", "NOEQUALS", "--sites", "mars", "--", "true", url=url)
+    assert code == 2
+    for field in ("gpus", "gpu_types", "priority", "env", "sites"):
+        assert f"{field}:" in err
+    assert "nothing was submitted" in err
+    assert "Traceback" not in out + err
+    assert json.loads(cli("queue", "--all", "--json", url=url)[1]) == []
+
+
+def test_missing_command_exits_2(url: str) -> None:
+    code, _, err = cli("submit", "--gpus", "1", url=url)
+    assert code == 2 and "command: is required" in err
+
+
+def test_submit_then_read_everything_as_json(url: str, tmp_path: Path) -> None:
+    code, out, _ = cli("submit", "--gpus", "2", "-p", "high", "-t", "vision", "--name", "t1",
+                       "--env", "A=1", "--time-limit", "1h30m", "python", "train.py", "--lr",
+                       "3", url=url)
+    assert code == 0
+    job_id = out.strip()
+    assert job_id.startswith("j-")
+
+    code, out, _ = cli("queue", "--json", url=url)
+    jobs = json.loads(out)
+    assert [j["id"] for j in jobs] == [job_id]
+    spec = jobs[0]["spec"]
+    assert spec["command"] == ["python", "train.py", "--lr", "3"]
+    assert (spec["gpus"], spec["priority"], spec["team"], spec["env"], spec["time_limit"]) == (
+        2, "high", "vision", {"A": "1"}, 5400.0)
+
+    assert json.loads(cli("show", job_id, "--json", url=url)[1])["id"] == job_id
+    explained = json.loads(cli("explain", job_id, "--json", url=url)[1])
+    assert explained["state"] == "PENDING" and explained["position"] == 1
+    assert json.loads(cli("nodes", "--json", url=url)[1]) == []
+    assert cli("logs", job_id, url=url)[0] == 0
+
+    code, out, _ = cli("queue", url=url)
+    assert code == 0 and job_id in out and "vision" in out and "PENDING" in out
+    code, out, _ = cli("show", job_id, url=url)
+    assert code == 0 and "python train.py --lr 3" in out
+    code, out, _ = cli("explain", job_id, url=url)
+    assert code == 0 and "high" in out
+
+    code, out, _ = cli("cancel", job_id, url=url)
+    assert code == 0 and "CANCELLED" in out
+    assert json.loads(cli("queue", "--json", url=url)[1]) == []
+    done = json.loads(cli("queue", "--all", "--state", "cancelled", "--json", url=url)[1])
+    assert [j["id"] for j in done] == [job_id]
+
+
+def test_submit_from_a_file_with_overrides(url: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python eval.py\ngpus: 1\nteam: nlp\nenv: {A: '1'}\n")
+    code, out, _ = cli("submit", "-f", str(spec), "--gpus", "4", "--env", "B=2", "--json",
+                       url=url)
+    assert code == 0
+    job = json.loads(out)
+    assert job["spec"]["command"] == "python eval.py"
+    assert (job["spec"]["gpus"], job["spec"]["team"]) == (4, "nlp")
+    assert job["spec"]["env"] == {"A": "1", "B": "2"}
+
+
+def test_cmd_and_args_together_is_a_spec_error(url: str) -> None:
+    code, _, err = cli("submit", "--cmd", "echo hi", "echo", "hi", url=url)
+    assert code == 2 and "command:" in err
+
+
+def test_unknown_job_is_one_line_exit_1(url: str) -> None:
+    for args in (("show", "j-nope"), ("explain", "j-nope"), ("logs", "j-nope"),
+                 ("cancel", "j-nope")):
+        code, out, err = cli(*args, url=url)
+        assert code == 1, args
+        assert "no job with id 'j-nope'" in err and "Traceback" not in out + err
+
+
+def test_bad_state_filter_is_exit_2(url: str) -> None:
+    code, _, err = cli("queue", "--state", "sleeping", url=url)
+    assert code == 2 and "state:" in err
+
+
+def test_no_redis_url_says_what_to_do() -> None:
+    code, out, err = cli("queue")
+    assert code == 1
+    assert "SPILLWAY_REDIS_URL" in err and "spillway up" in err and "Traceback" not in out + err
+
+
+def test_unreachable_redis_is_one_clear_line() -> None:
+    code, out, err = cli("queue", url="redis://127.0.0.1:1/0")
+    assert code == 1
+    assert "cannot reach Redis" in err and "Traceback" not in out + err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_config_file_is_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("heartbeat_s: often\n")
+    code, _, err = cli("--config", str(bad), "queue", url="redis://127.0.0.1:1/0")
+    assert code == 1 and "heartbeat_s" in err
+
+
+def test_bench_cycle_prints_json() -> None:
+    code, out, _ = cli("bench", "cycle", "--pending", "50", "--nodes", "5", "--cycles", "2",
+                       "--json")
+    assert code == 0
+    assert json.loads(out)["pending"] == 50
