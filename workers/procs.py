@@ -1,0 +1,223 @@
+"""Process helpers for the job runner: the parent-death wrapper, line splitting, leftovers.
+
+A job process is started as ``setpriv --pdeathsig KILL -- <argv>`` when util-linux ``setpriv``
+is present, so the kernel SIGKILLs it if the agent dies without cleaning up (kill -9, OOM).
+The parent-death signal fires when the *thread* that forked the child exits, not the process:
+the :class:`~workers.runner.Supervisor` therefore forks every job from its own long-lived
+thread, which lives exactly as long as the supervisor.
+
+Grandchildren do not inherit the parent-death signal; a job's whole process group is SIGKILLed
+when its main process exits, and an agent that restarts kills what an earlier incarnation left
+behind by scanning ``/proc/*/environ`` for ``SPILLWAY_NODE_ID=<its node id>``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterable, Mapping
+
+from broker.model import Job
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 64 * 1024  # a longer line without a newline is cut into pieces of this size
+
+
+@functools.lru_cache(maxsize=1)
+def pdeathsig_prefix() -> tuple[str, ...]:
+    """``(setpriv, --pdeathsig, KILL, --)`` when setpriv supports it, else ``()``. Resolved once."""
+    path = shutil.which("setpriv")
+    if path is None:
+        log.warning("setpriv not found: jobs will not die with the agent if it is SIGKILLed "
+                    "(install util-linux)")
+        return ()
+    try:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    if "--pdeathsig" not in out:
+        log.warning("%s has no --pdeathsig (util-linux < 2.33): jobs will not die with the "
+                    "agent if it is SIGKILLed", path)
+        return ()
+    return (path, "--pdeathsig", "KILL", "--")
+
+
+class LineSplitter:
+    """Turns the bytes of one pipe into text lines (UTF-8, invalid bytes replaced)."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        buf = self._rest + data if self._rest else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._rest = buf
+            return self._overlong()
+        self._rest = buf[cut + 1:]
+        lines = [_text(x) for x in buf[:cut].split(b"\n")]
+        return lines + self._overlong()
+
+    def _overlong(self) -> list[str]:
+        out = []
+        while len(self._rest) > MAX_LINE:
+            out.append(_text(self._rest[:MAX_LINE]))
+            self._rest = self._rest[MAX_LINE:]
+        return out
+
+    def close(self) -> list[str]:
+        """The unterminated last line, if any."""
+        rest, self._rest = self._rest, b""
+        return [_text(rest)] if rest else []
+
+
+def _text(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text[:-1] if text.endswith("\r") else text
+
+
+class StartError(Exception):
+    """A job part cannot be started here (its workdir or command is missing)."""
+
+
+def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
+               base_env: Mapping[str, str], work_dir: str) -> tuple[list[str], str, dict[str, str]]:
+    """The argv, working directory and environment of one job part; StartError if it cannot
+    start. The environment is the agent's, then the job's own, then Spillway's variables, so
+    ``CUDA_VISIBLE_DEVICES`` is always exactly the part's devices."""
+    spec = job.spec
+    cwd = os.path.expanduser(spec.workdir) if spec.workdir else work_dir
+    if not os.path.isdir(cwd):
+        raise StartError(f"workdir {cwd!r} does not exist on node {node_id}")
+    env = {**base_env, **spec.env}
+    argv = list(spec.argv)
+    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None and not (
+            "/" in argv[0] and os.access(os.path.join(cwd, argv[0]), os.X_OK)):
+        raise StartError(f"command {argv[0]!r} not found or not executable on node {node_id}")
+    ckpt = spec.checkpoint_dir or os.path.join(work_dir, "checkpoints", job.id)
+    if not spec.checkpoint_dir:
+        try:
+            os.makedirs(ckpt, exist_ok=True)
+        except OSError as e:
+            raise StartError(f"cannot create checkpoint dir {ckpt!r}: {e.strerror}") from None
+    visible = ",".join(gpu_ids)
+    env.update({
+        "CUDA_VISIBLE_DEVICES": visible,
+        "NVIDIA_VISIBLE_DEVICES": visible,
+        "SPILLWAY_JOB_ID": job.id,
+        "SPILLWAY_ATTEMPT": str(job.attempt),
+        "SPILLWAY_CHECKPOINT_DIR": ckpt,
+        "SPILLWAY_NODE_ID": node_id,
+        "SPILLWAY_NODE_RANK": str(rank),
+        "SPILLWAY_NUM_NODES": str(spec.nodes),
+    })
+    if job.attempt > 1:
+        env["SPILLWAY_RESUME"] = "1"
+    else:
+        env.pop("SPILLWAY_RESUME", None)
+    return argv, cwd, env
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit code: a death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# ---------------------------------------------------------------------------------------------
+# Leftovers of an earlier incarnation
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2:].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def agent_tag(pid: int | None = None) -> str:
+    """``<pid>:<start time>`` of an agent process, put in its jobs' ``SPILLWAY_AGENT``: it names
+    the agent even after the pid is reused."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_time(pid)}"
+
+
+def _live_agent(tag: str) -> bool:
+    pid, _, start = tag.partition(":")
+    return pid.isdigit() and _start_time(int(pid)) == start
+
+
+def find_leftovers(node_id: str, exclude: Iterable[int] = ()) -> list[int]:
+    """Pids whose environment has ``SPILLWAY_NODE_ID=<node_id>`` and whose agent
+    (``SPILLWAY_AGENT``) is gone, except this process, its ancestors and ``exclude``.
+
+    A job of a *live* agent is never a leftover, even one with the same node id (two agents
+    with one node id on a host is a mistake, but killing each other's jobs would make it
+    worse); it is logged instead."""
+    needle = b"SPILLWAY_NODE_ID=" + node_id.encode()
+    me = agent_tag()
+    skip = _ancestors(os.getpid()) | set(exclude)
+    found, others = [], set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone, or another user's process
+            continue
+        if needle not in env:
+            continue
+        tag = next((e[15:].decode() for e in env if e.startswith(b"SPILLWAY_AGENT=")), "")
+        if tag and tag != me and _live_agent(tag):
+            others.add(tag.partition(":")[0])
+        elif tag != me:
+            found.append(int(name))
+    if others:
+        log.warning("jobs with SPILLWAY_NODE_ID=%s belong to other live agent(s), pid %s: is a "
+                    "second agent running with this node id?", node_id, ", ".join(sorted(others)))
+    return sorted(found)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def kill_leftovers(node_id: str, exclude: Iterable[int] = ()) -> list[tuple[int, str]]:
+    """SIGKILL every leftover job process of ``node_id``; return (pid, command line) of each."""
+    killed = []
+    for pid in find_leftovers(node_id, exclude):
+        cmd = _cmdline(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        log.warning("killed leftover job process %d of node %s: %s", pid, node_id, cmd)
+        killed.append((pid, cmd))
+    return killed

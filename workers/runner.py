@@ -1,0 +1,484 @@
+"""The job runner: job processes as children of the agent, watched from one thread.
+
+Threads:
+
+* the **supervisor thread** owns every job process. It forks them (so their parent-death
+  signal is tied to a thread that lives as long as the supervisor; see :mod:`workers.procs`),
+  waits in one ``selectors`` loop on their stdout/stderr pipes and their ``pidfd`` (exit), and
+  on a tick enforces time limits and SIGTERM -> SIGKILL grace deadlines. Other threads talk to
+  it through a command queue and a wake-up pipe; it never touches the network.
+* the **reporter thread** does the slow I/O in order: log batches to the store and to
+  ``<work_dir>/logs/<job>.<attempt>.log``, then the ``on_exit`` callback of a finished part.
+  A part's last log batch is always written before its ``on_exit`` runs.
+
+:meth:`Supervisor.spawn` may be called from any thread; the fork happens on the supervisor
+thread and the caller waits for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import queue
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.errors import JobNotFound, StaleAttempt
+from broker.model import Job
+from broker.store.base import BaseStore
+from broker.store.events import STOPPED, StartFailed
+from workers.procs import (
+    LineSplitter,
+    StartError,
+    agent_tag,
+    exit_code,
+    job_launch,
+    pdeathsig_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int, int]  # (job id, attempt, rank)
+_POLL_S = 0.05  # exit polling period where pidfd_open is missing
+
+
+@dataclass(eq=False)
+class RunningPart:
+    """One rank of one attempt of a job on this node, while it runs and after it ended."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    gpu_ids: tuple[str, ...]
+    pid: int | None = None
+    started_at: float = 0.0
+    exit_code: int | None = None  # shell style: 128 + N after signal N
+    reason: str = ""  # Exited, Signal, Stopped, TimeLimit, StaleAttempt, or the stop reason
+    start_error: str | None = None  # set when the process could not be started
+    job_after: Job | None = None  # the store's job after a StartFailed report
+    done: threading.Event = field(default_factory=threading.Event)
+    # supervisor-thread state
+    _proc: subprocess.Popen[bytes] | None = None
+    _pidfd: int = -1
+    _pipes: dict[int, tuple[str, LineSplitter]] = field(default_factory=dict)
+    _buf: list[tuple[str, str]] = field(default_factory=list)
+    _stop_reason: str | None = None
+    _kill_at: float | None = None
+    _logfile: Any = None
+    _stale: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.job_id, self.attempt, self.rank)
+
+    @property
+    def owner(self) -> str:
+        return f"{self.job_id}:{self.attempt}"
+
+
+@dataclass
+class _Launch:
+    part: RunningPart
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    time_limit: float | None
+    future: Future[RunningPart] = field(default_factory=Future)
+
+
+class Supervisor:
+    """Runs job parts; ``on_exit(part)`` is called (on the reporter thread) when one ends."""
+
+    def __init__(self, store: BaseStore, work_dir: str, on_exit: Callable[[RunningPart], None]
+                 | None = None, grace_s: float = 30.0, flush_s: float = 0.1,
+                 flush_lines: int = 500, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.on_exit, self.grace_s = store, on_exit, grace_s
+        self.flush_s, self.flush_lines, self.clock = flush_s, flush_lines, clock
+        self.work_dir = os.path.abspath(os.path.expanduser(work_dir))
+        self.log_dir = os.path.join(self.work_dir, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._base_env = dict(os.environ)  # the agent's environment, read once
+        self._prefix = list(pdeathsig_prefix())
+        self._agent = agent_tag()
+        self._lock = threading.Lock()
+        self._parts: dict[Key, RunningPart] = {}  # written by the supervisor thread only
+        self._cmds: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._timers: list[tuple[float, int, str, RunningPart]] = []
+        self._seq = itertools.count()
+        self._dirty: dict[Key, float] = {}  # parts with buffered lines -> first line time
+        self._polled: set[RunningPart] = set()  # parts without a pidfd
+        self._reports: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._pending_reports = 0
+        self._idle = threading.Condition(self._lock)
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="spillway-supervisor",
+                                        daemon=True)
+        self._reporter = threading.Thread(target=self._report_loop, name="spillway-reporter",
+                                          daemon=True)
+        self._thread.start()
+        self._reporter.start()
+
+    # -- public API (any thread) ---------------------------------------------------------------
+
+    def spawn(self, job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str) -> RunningPart:
+        """Start ``job``'s part ``rank`` with exactly ``gpu_ids`` visible. A part that cannot
+        start (missing workdir or command) is reported StartFailed and returned with
+        ``start_error`` set; nothing is raised."""
+        return self.spawn_many([(job, rank, gpu_ids)], node_id)[0]
+
+    def spawn_many(self, items: list[tuple[Job, int, tuple[str, ...]]], node_id: str
+                   ) -> list[RunningPart]:
+        launches: list[_Launch] = []
+        out: list[RunningPart] = []
+        for job, rank, gpu_ids in items:
+            part = RunningPart(job.id, job.attempt, rank, tuple(gpu_ids))
+            out.append(part)
+            try:
+                launches.append(self._prepare(job, part, node_id))
+            except StartError as e:
+                self._start_failed(part, str(e))
+        if launches and threading.current_thread() is self._thread:
+            self._do_spawn(launches)  # called from an on-loop callback: no hand-off
+        elif launches:
+            self._command(("spawn", launches))
+            for launch in launches:
+                try:
+                    launch.future.result()
+                except (OSError, ValueError) as e:
+                    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                    program = launch.argv[len(self._prefix)]
+                    self._start_failed(launch.part, f"cannot start {program!r}: {why}")
+        return out
+
+    def stop(self, job_id: str, attempt: int, grace_s: float, reason: str = STOPPED) -> bool:
+        """SIGTERM the job's process groups now, SIGKILL after ``grace_s``. False if none runs."""
+        if not self.find(job_id, attempt):
+            return False
+        self._command(("stop", job_id, attempt, max(0.0, grace_s), reason))
+        return True
+
+    def kill(self, job_id: str, attempt: int, reason: str = "Killed") -> bool:
+        return self.stop(job_id, attempt, 0.0, reason)
+
+    def kill_all(self, reason: str = "AgentStopped") -> None:
+        """SIGKILL every job now. Takes no lock: safe in a signal handler."""
+        self._command(("kill_all", reason))
+
+    def find(self, job_id: str, attempt: int) -> list[RunningPart]:
+        with self._lock:
+            return [p for p in self._parts.values()
+                    if p.job_id == job_id and p.attempt == attempt]
+
+    def parts(self) -> list[RunningPart]:
+        with self._lock:
+            return list(self._parts.values())
+
+    def pids(self) -> set[int]:
+        with self._lock:
+            return {p.pid for p in self._parts.values() if p.pid}
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no part runs and every report (logs, on_exit) is done."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._parts and not self._pending_reports,
+                                       timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """SIGKILL every job process group, wait for their reports, stop the threads."""
+        self._closing = True
+        self.kill_all()
+        self.wait_idle(timeout)
+        self._command(("quit",))
+        self._thread.join(timeout)
+        self._reports.put(None)
+        self._reporter.join(timeout)
+
+    # -- preparing a start (caller's thread) ---------------------------------------------------
+
+    def _prepare(self, job: Job, part: RunningPart, node_id: str) -> _Launch:
+        if self._closing:
+            raise StartError("the agent is shutting down")
+        argv, cwd, env = job_launch(job, part.rank, part.gpu_ids, node_id, self._base_env,
+                                    self.work_dir)
+        env["SPILLWAY_AGENT"] = self._agent  # tells a leftover from a live agent's job
+        return _Launch(part, self._prefix + argv, cwd, env, job.spec.time_limit)
+
+    def _start_failed(self, part: RunningPart, message: str) -> None:
+        part.start_error, part.exit_code, part.reason = message, 127, "StartFailed"
+        log.warning("job %s attempt %d rank %d: start failed: %s", part.job_id, part.attempt,
+                    part.rank, message)
+        try:
+            part.job_after = self.store.report(part.job_id, part.attempt,
+                                               StartFailed(part.rank, message), self.clock())
+        except (StaleAttempt, JobNotFound) as e:
+            log.info("start failure of a stale attempt dropped: %s", e)
+        part.done.set()
+
+    # -- supervisor thread -------------------------------------------------------------------
+
+    def _command(self, cmd: tuple[Any, ...]) -> None:
+        self._cmds.append(cmd)
+        with contextlib.suppress(BlockingIOError):  # full: the loop is awake anyway
+            os.write(self._wake_w, b"x")
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if self._step():
+                    return
+            except Exception:  # never let the thread die: its children would (pdeathsig)
+                log.exception("job supervisor error (continuing)")
+
+    def _step(self) -> bool:
+        """One round: events, commands, timers. True when asked to quit."""
+        for key, _ in self._sel.select(self._timeout()):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            elif key.data[0] == "exit":
+                self._finish(key.data[1])
+            else:
+                self._read(key.data[1], key.fd)
+        while self._cmds:
+            cmd = self._cmds.popleft()
+            if cmd[0] == "quit":
+                return True
+            getattr(self, "_do_" + cmd[0])(*cmd[1:])
+        self._tick()
+        return False
+
+    def _timeout(self) -> float | None:
+        if self._cmds:
+            return 0
+        when = [self._timers[0][0]] if self._timers else []
+        if self._dirty:
+            when.append(next(iter(self._dirty.values())) + self.flush_s)
+        if self._polled:
+            when.append(time.monotonic() + _POLL_S)
+        return max(0.0, min(when) - time.monotonic()) if when else None
+
+    def _do_spawn(self, launches: list[_Launch]) -> None:
+        for launch in launches:
+            try:
+                part = self._popen(launch)
+            except (OSError, ValueError) as e:  # ValueError: a NUL byte in argv or env
+                launch.future.set_exception(e)
+            else:
+                launch.future.set_result(part)
+
+    def _popen(self, launch: _Launch) -> RunningPart:
+        part = launch.part
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env,
+                                    stdin=self._devnull, stdout=out_w, stderr=err_w,
+                                    start_new_session=True)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        part._proc, part.pid, part.started_at = proc, proc.pid, self.clock()
+        try:
+            part._pidfd = os.pidfd_open(proc.pid)
+            self._sel.register(part._pidfd, selectors.EVENT_READ, ("exit", part))
+        except OSError:  # a kernel before 5.3: poll for the exit on the tick instead
+            self._polled.add(part)
+        for fd, stream in ((out_r, "out"), (err_r, "err")):
+            os.set_blocking(fd, False)
+            part._pipes[fd] = (stream, LineSplitter())
+            self._sel.register(fd, selectors.EVENT_READ, ("read", part))
+        if launch.time_limit:
+            self._timer(time.monotonic() + launch.time_limit, "limit", part)
+        with self._lock:
+            self._parts[part.key] = part
+        return part
+
+    def _timer(self, when: float, kind: str, part: RunningPart) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, part))
+
+    def _do_stop(self, job_id: str, attempt: int, grace_s: float, reason: str) -> None:
+        for part in self.find(job_id, attempt):
+            self._signal_stop(part, grace_s, reason)
+
+    def _do_kill_all(self, reason: str) -> None:
+        for part in self.parts():
+            self._signal_stop(part, 0.0, reason)
+
+    def _signal_stop(self, part: RunningPart, grace_s: float, reason: str) -> None:
+        if part.exit_code is not None:
+            return
+        if part._stop_reason is None:
+            part._stop_reason = reason
+        kill_at = time.monotonic() + grace_s
+        if grace_s <= 0:
+            self._killpg(part, signal.SIGKILL)
+            return
+        if part._kill_at is None:
+            self._killpg(part, signal.SIGTERM)
+        if part._kill_at is None or kill_at < part._kill_at:
+            part._kill_at = kill_at
+            self._timer(kill_at, "kill", part)
+
+    @staticmethod
+    def _killpg(part: RunningPart, sig: int) -> None:
+        if part.pid is None or part.exit_code is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(part.pid, sig)  # the group id is the pid: start_new_session
+
+    def _tick(self) -> None:
+        for part in list(self._polled):
+            assert part.pid is not None  # exited yet? WNOWAIT: leave it to _finish to reap
+            if os.waitid(os.P_PID, part.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                self._finish(part)
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, kind, part = heapq.heappop(self._timers)
+            if part.exit_code is not None:
+                continue
+            if kind == "limit":
+                self._signal_stop(part, self.grace_s, "TimeLimit")
+            elif part._kill_at is not None and part._kill_at <= now:
+                self._killpg(part, signal.SIGKILL)
+        while self._dirty:
+            key, since = next(iter(self._dirty.items()))
+            if since + self.flush_s > now:
+                break
+            self._flush(self._parts[key])
+
+    def _read(self, part: RunningPart, fd: int) -> None:
+        if fd not in part._pipes:
+            return  # closed earlier in this batch of events
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        stream, splitter = part._pipes[fd]
+        if not data:
+            self._close_pipe(part, fd)
+            lines = splitter.close()
+        else:
+            lines = splitter.feed(data)
+        if lines:
+            self._add_lines(part, stream, lines)
+
+    def _add_lines(self, part: RunningPart, stream: str, lines: list[str]) -> None:
+        if not part._buf:
+            self._dirty[part.key] = time.monotonic()
+        part._buf += [(stream, line) for line in lines]
+        if len(part._buf) >= self.flush_lines:
+            self._flush(part)
+
+    def _close_pipe(self, part: RunningPart, fd: int) -> None:
+        part._pipes.pop(fd, None)
+        self._sel.unregister(fd)
+        os.close(fd)
+
+    def _flush(self, part: RunningPart) -> None:
+        self._dirty.pop(part.key, None)
+        if part._buf:
+            lines, part._buf = part._buf, []
+            self._report(lambda: self._write_logs(part, lines))
+
+    def _finish(self, part: RunningPart) -> None:
+        """The main process exited: kill its group, reap, collect its last output, report."""
+        if part._pidfd >= 0:
+            self._sel.unregister(part._pidfd)
+            os.close(part._pidfd)
+            part._pidfd = -1
+        self._polled.discard(part)
+        self._killpg(part, signal.SIGKILL)  # not reaped yet: the group id cannot be reused
+        assert part._proc is not None
+        returncode = part._proc.wait()
+        code = exit_code(returncode)
+        for fd, (stream, splitter) in list(part._pipes.items()):
+            lines = []
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                lines += splitter.feed(data)
+            lines += splitter.close()
+            if lines:
+                self._add_lines(part, stream, lines)
+            self._close_pipe(part, fd)
+        if part._stop_reason == "TimeLimit" and code == 0:
+            code = 124  # a time limit never ends as success
+        part.exit_code, part._proc = code, None
+        part.reason = part._stop_reason or ("Signal" if returncode < 0 else "Exited")
+        self._flush(part)
+        self._report(lambda: self._ended(part), remove=part.key)
+
+    # -- reporter thread -----------------------------------------------------------------------
+
+    def _report(self, fn: Callable[[], None], remove: Key | None = None) -> None:
+        with self._lock:  # one step, so wait_idle never sees the part gone and no report due
+            if remove is not None:
+                del self._parts[remove]
+            self._pending_reports += 1
+        self._reports.put(fn)
+
+    def _report_loop(self) -> None:
+        while True:
+            fn = self._reports.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception:
+                log.exception("job runner report failed")
+            with self._idle:
+                self._pending_reports -= 1
+                if not self._pending_reports:
+                    self._idle.notify_all()
+
+    def _write_logs(self, part: RunningPart, lines: list[tuple[str, str]]) -> None:
+        if part._logfile is None:
+            path = os.path.join(self.log_dir, f"{part.job_id}.{part.attempt}.log")
+            part._logfile = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+        part._logfile.write("".join(f"{s} {t}\n" for s, t in lines))
+        part._logfile.flush()
+        if part._stale:
+            return
+        try:
+            self.store.append_logs(part.job_id, part.attempt, lines, self.clock())
+        except (StaleAttempt, JobNotFound) as e:
+            part._stale = True
+            log.warning("%s; killing its processes", e)
+            self.kill(part.job_id, part.attempt, "StaleAttempt")
+        except Exception as e:
+            log.warning("job %s: %d log lines not stored (%s); they are in %s", part.job_id,
+                        len(lines), e, part._logfile.name)
+
+    def _ended(self, part: RunningPart) -> None:
+        if part._logfile is not None:
+            part._logfile.close()
+            part._logfile = None
+        try:
+            if self.on_exit is not None:
+                self.on_exit(part)
+        finally:
+            part.done.set()
+
