@@ -43,10 +43,11 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
         return 0  # another cycle is running; it will see the dirty flag
     started = 0
     try:
+        rt.redis.delete(DIRTY)
         for _ in range(max_loops):
-            rt.redis.delete(DIRTY)
-            started += len(one_cycle(rt, policies).started)
-            if not rt.redis.exists(DIRTY):
+            applied, dirty = one_cycle(rt, policies)
+            started += len(applied.started)
+            if not dirty:  # nothing happened while the cycle ran
                 break
     finally:
         lock.release()
@@ -55,7 +56,9 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
     return started
 
 
-def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> Applied:
+def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, bool]:
+    """Snapshot, plan, apply. Returns what was applied and whether a trigger arrived meanwhile
+    (read and cleared in the same round trip as the cycle's statistics)."""
     t0 = time.perf_counter()
     snap = rt.store.snapshot(time.time())
     t1 = time.perf_counter()
@@ -63,13 +66,16 @@ def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> Applied:
     t2 = time.perf_counter()
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()
-    rt.redis.hset(STATS, mapping={
+    pipe = rt.redis.pipeline(transaction=False)
+    pipe.hset(STATS, mapping={
         "at": time.time(), "pending": len(snap.pending), "active": len(snap.active),
         "nodes": len(snap.nodes), "started": len(applied.started),
         "snapshot_ms": round((t1 - t0) * 1000, 2), "plan_ms": round((t2 - t1) * 1000, 2),
         "apply_ms": round((t3 - t2) * 1000, 2),
     })
+    pipe.getdel(DIRTY)
+    _, dirty = pipe.execute()
     if applied.started or applied.skipped:
         log.info("cycle: %d pending, %d started, %d skipped (%.1f ms)", len(snap.pending),
                  len(applied.started), len(applied.skipped), (t3 - t0) * 1000)
-    return applied
+    return applied, bool(dirty)

@@ -45,7 +45,7 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
     queue: list[Job] = order(snapshot, snapshot.pending)  # 1
     starts: list[Start] = []
     pending: dict[str, Reason] = {}
-    blocked_shapes: dict[tuple[object, ...], str] = {}
+    blocked_shapes: dict[tuple[object, ...], Reason] = {}  # shape -> reason for later twins
     blocked_kinds: set[object] = set()  # device kinds a higher-ranked waiting job wants
     for job in queue:
         refusal = admit(snapshot, job)  # 2
@@ -54,15 +54,16 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
             continue
         res = job.spec.resources
         shape = _shape(res, job.spec.sites)
-        if shape in blocked_shapes:  # an identical request already failed this cycle
-            pending[job.id] = _blocked_reason(job, res, index, blocked_kinds)
+        twin = blocked_shapes.get(shape)
+        if twin is not None:  # an identical request already failed this cycle
+            pending[job.id] = twin
             continue
         allocs = place(index, job)  # 3
         if allocs is None:
-            blocked_shapes[shape] = job.id
             reason = pending[job.id] = _blocked_reason(job, res, index, blocked_kinds)
             if reason.code != "NoFeasibleNode":  # an impossible job blocks nobody
                 blocked_kinds.update(index.wanted(res))
+            blocked_shapes[shape] = _blocked_reason(job, res, index, blocked_kinds)
             continue
         index.take(allocs, res)
         starts.append(Start(job.id, job.attempt, job.version, allocs))

@@ -122,6 +122,10 @@ class BaseStore(ABC):
             raise JobNotFound(job_id)
         return self._with_reasons([job])[0]
 
+    def list_ids(self, which: str) -> list[str]:
+        """Ids in the ``pending``, ``active`` or ``all`` index, oldest first (no documents)."""
+        return self._index(which)
+
     def get_many(self, job_ids: Sequence[str]) -> list[Job | None]:
         return self._load(job_ids)
 
@@ -192,12 +196,13 @@ class BaseStore(ABC):
 
     # -- the scheduling cycle ------------------------------------------------------------------
 
+    def _load_index(self, which: str) -> list[Job]:
+        """The jobs of an index, oldest first. Backends may override with a cheaper read."""
+        return [j for j in self._load(self._index(which)) if j is not None]
+
     def snapshot(self, now: float) -> Snapshot:
-        pending_ids, active_ids = self._index("pending"), self._index("active")
-        jobs = self._load(pending_ids + active_ids)
-        pending = tuple(j for j in jobs[: len(pending_ids)]
-                        if j is not None and j.state is JobState.PENDING)
-        active = tuple(j for j in jobs[len(pending_ids):] if j is not None and j.state in ACTIVE)
+        pending = tuple(j for j in self._load_index("pending") if j.state is JobState.PENDING)
+        active = tuple(j for j in self._load_index("active") if j.state in ACTIVE)
         nodes = tuple(sorted((n for n in self._load_nodes()
                               if n.state is not NodeState.DOWN and n.lease_expires > now),
                              key=lambda n: n.id))

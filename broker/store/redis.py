@@ -38,7 +38,9 @@ LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
 _CHUNK = 1000  # commands per pipeline
 
 # KEYS: 1 job, 2 jobs:all, 3 jobs:pending, 4 jobs:active, then (node, alloc) per claim,
-#       then alloc per release, then reasons (a job's "why pending" goes when it leaves PENDING).
+#       then alloc per release, then the pending and active version hashes (job id -> version,
+#       so a snapshot re-reads only changed jobs), then reasons (dropped when a job leaves
+#       PENDING).
 # ARGV: 1 expected version, 2 new version, 3 doc, 4 state, 5 attempt, 6 score, 7 job id,
 #       8 pending 0/1, 9 active 0/1, 10 owner, 11 release owner, 12 #claims, 13 #releases,
 #       then the claimed GPU ids, then the released GPU ids.
@@ -60,11 +62,22 @@ for i = 1, nc do redis.call('HSET', KEYS[4 + 2 * i], ARGV[13 + i], ARGV[10]) end
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', ARGV[2], 'state', ARGV[4],
            'attempt', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[6], ARGV[7])
-if ARGV[8] == '1' then redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])
-else redis.call('ZREM', KEYS[3], ARGV[7]) end
-if ARGV[9] == '1' then redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
-else redis.call('ZREM', KEYS[4], ARGV[7]) end
-if ARGV[8] ~= '1' then redis.call('HDEL', KEYS[#KEYS], ARGV[7]) end
+local vpend, vact = KEYS[#KEYS - 2], KEYS[#KEYS - 1]
+if ARGV[8] == '1' then
+  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])
+  redis.call('HSET', vpend, ARGV[7], ARGV[2])
+else
+  redis.call('ZREM', KEYS[3], ARGV[7])
+  redis.call('HDEL', vpend, ARGV[7])
+  redis.call('HDEL', KEYS[#KEYS], ARGV[7])
+end
+if ARGV[9] == '1' then
+  redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
+  redis.call('HSET', vact, ARGV[7], ARGV[2])
+else
+  redis.call('ZREM', KEYS[4], ARGV[7])
+  redis.call('HDEL', vact, ARGV[7])
+end
 return 'ok'
 """
 
@@ -139,6 +152,7 @@ class RedisStore(BaseStore):
             f"{p}jobs:all", f"{p}jobs:pending", f"{p}jobs:active")
         self._k_nodes, self._k_node_seq, self._k_reasons = (
             f"{p}nodes", f"{p}nodes:seq", f"{p}reasons")
+        self._k_ver_pending, self._k_ver_active = f"{p}ver:pending", f"{p}ver:active"
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
@@ -170,6 +184,24 @@ class RedisStore(BaseStore):
             out += [self._parse(job_id, doc) for job_id, doc in zip(chunk, pipe.execute())]
         return out
 
+    def _load_index(self, which: str) -> list[Job]:
+        """The jobs of the ``pending`` or ``active`` index. One HGETALL of the index's
+        id -> version hash, then documents only for jobs not already parsed at that version."""
+        key = {"pending": self._k_ver_pending, "active": self._k_ver_active}[which]
+        versions = {_str(k): int(v) for k, v in self.redis.hgetall(key).items()}
+        jobs: dict[str, Job] = {}
+        stale = []
+        for job_id, version in versions.items():
+            hit = self._parsed.get(job_id)
+            if hit is not None and hit[1].version == version:
+                jobs[job_id] = hit[1]
+            else:
+                stale.append(job_id)
+        for job_id, job in zip(stale, self._load(stale)):
+            if job is not None:
+                jobs[job_id] = job
+        return sorted(jobs.values(), key=lambda j: (j.submitted_at, j.id))
+
     def _parse(self, job_id: str, doc: bytes | str | None) -> Job | None:
         """Decode a job document, reusing the Job parsed from the very same bytes last time
         (Jobs are immutable; a snapshot re-reads mostly unchanged jobs every cycle)."""
@@ -200,7 +232,7 @@ class RedisStore(BaseStore):
         for node_id, _ in c.claim:
             keys += [self._k_node(node_id), self._k_alloc(node_id)]
         keys += [self._k_alloc(node_id) for node_id, _ in c.release]
-        keys.append(self._k_reasons)
+        keys += [self._k_ver_pending, self._k_ver_active, self._k_reasons]
         args: list[Any] = [
             c.expected_version, job.version, json.dumps(job.to_dict(), separators=(",", ":")),
             job.state.value, job.attempt, repr(float(job.submitted_at)), job.id,
