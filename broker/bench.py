@@ -17,6 +17,7 @@ from broker.model import Allocation, Gpu, Job, JobSpec, Node
 from broker.plan import Snapshot
 from broker.scheduler import run_cycle
 from broker.state import JobState
+from broker.waiting import poll_until
 
 _MODELS = ("V100-32GB", "A100-80GB", "H100-80GB")
 _TYPES = ((), (), (), ("A100",), ("H100",), ("A100", "H100"), ("V100",))
@@ -104,15 +105,6 @@ def _spawn(url: str, log_dir: str, name: str, *args: str) -> Any:
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _poll(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"bench: timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _cpu_seconds(procs: list[Any]) -> dict[str, float]:
@@ -157,7 +149,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             procs.append(_spawn(url, tmp, f"agent{i}", "worker", "--node-id", f"bench-{i}",
                                 "--gpus", f"{gpus_per_agent}xA100-80GB", "--cpus", "1024",
                                 "--work-dir", f"{tmp}/agent{i}"))
-        _poll(lambda: len(client.nodes()) == agents, 60, "agents to register")
+        poll_until(lambda: len(client.nodes()) == agents, 60, "agents to register")
 
         # 1. latency on an idle cluster: one job at a time, submit -> RUNNING
         lat = []
@@ -182,7 +174,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             time.sleep(0.05)
             return not client.store.list_ids("pending") and not client.store.list_ids("active")
 
-        _poll(all_done, 600, "the burst to finish")
+        poll_until(all_done, 600, "the burst to finish")
         cpu1 = _cpu_seconds(procs)
         final = client.store.get_many(ids)
         starts = sorted(next(h.time for h in j.history if h.state.value == "STARTING")
@@ -199,7 +191,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
         t1 = time.perf_counter()
         for i in range(n):
             ping.apply_async(args=[i], queue=queue)
-        _poll(lambda: client.store_redis.llen(queue) == 0, 300, "ping tasks to drain")
+        poll_until(lambda: client.store_redis.llen(queue) == 0, 300, "ping tasks to drain")
         celery_rate = n / (time.perf_counter() - t1)
         return {
             "benchmark": "dispatch",

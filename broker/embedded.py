@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from broker.errors import SpillwayError
+from broker.waiting import pid_alive
 
 
 class EmbeddedError(SpillwayError):
@@ -38,20 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class EmbeddedRedis:
@@ -96,9 +83,9 @@ class EmbeddedRedis:
             once.shutdown(save=self.persist, nosave=not self.persist)
         once.close()
         deadline = time.monotonic() + timeout
-        while self.pid and _pid_alive(self.pid) and time.monotonic() < deadline:
+        while self.pid and pid_alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if self.pid and _pid_alive(self.pid):
+        if self.pid and pid_alive(self.pid):
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signal.SIGKILL)
         server.connection_pool.disconnect()

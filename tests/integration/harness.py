@@ -15,7 +15,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from broker.waiting import pid_alive, poll_until
+
 T = TypeVar("T")
+
+__all__ = ["FAST_TIMINGS", "Cluster", "pid_alive", "wait_until", "with_db"]
+
+
+def wait_until(pred: Callable[[], T], timeout: float, what: str) -> T:
+    return poll_until(pred, timeout, what, error=AssertionError)
+
 
 FAST_TIMINGS = {
     "SPILLWAY_HEARTBEAT_S": "0.5",
@@ -31,30 +40,6 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
-def wait_until(pred: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
-    """Poll ``pred`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class Cluster:
     def __init__(self, redis_url: str, workdir: Path) -> None:
         self.url = redis_url
@@ -65,7 +50,6 @@ class Cluster:
         self.redis = redis.Redis.from_url(redis_url)
         self.redis.flushdb()
         from broker.client import Client
-
         from broker.store import open_store
 
         self.client = Client(redis_url)

@@ -13,9 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import redis
@@ -25,31 +24,12 @@ from broker.model import Job, JobSpec, NodeState
 from broker.runtime import Runtime
 from broker.state import JobState
 from tests.conftest import free_port, redis_answers
+from tests.integration.harness import pid_alive, wait_until
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"SPILLWAY_HEARTBEAT_S": "0.3", "SPILLWAY_LEASE_TTL_S": "1.0", "SPILLWAY_GRACE_S": "2"}
-T = TypeVar("T")
-
-
-def wait_until(pred: Callable[[], T], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -208,17 +188,17 @@ def test_killed_agent_takes_its_job_with_it_and_a_restart_cleans_up(
     out = wait_until(lambda: dict(t.split("=") for s, t in lines(rt, job) if "=" in t)
                      if len(lines(rt, job)) >= 2 else None, 30, "the job's pids")
     main_pid, child_pid = int(out["pid"]), int(out["child"])
-    assert alive(main_pid) and alive(child_pid)
+    assert pid_alive(main_pid) and pid_alive(child_pid)
 
     proc.kill()  # SIGKILL: no cleanup code runs in the agent
     proc.wait(10)
-    wait_until(lambda: not alive(main_pid), 10, "pdeathsig to kill the job's main process")
-    assert alive(child_pid)  # a grandchild has no parent-death signal...
+    wait_until(lambda: not pid_alive(main_pid), 10, "pdeathsig to kill the job's main process")
+    assert pid_alive(child_pid)  # a grandchild has no parent-death signal...
 
     agent.start()  # ...so the next incarnation of the node kills it at start
     wait_until(lambda: registered(rt, agent.node_id, incarnation=first), 30,
                "the agent to register again")
-    wait_until(lambda: not alive(child_pid), 10, "the leftover grandchild to be killed")
+    wait_until(lambda: not pid_alive(child_pid), 10, "the leftover grandchild to be killed")
     assert "killed leftover job process" in agent.output()
     requeued = rt.store.get(job.id)
     assert requeued.attempt == 2 and requeued.state in (JobState.PENDING, JobState.STARTING,
