@@ -166,3 +166,44 @@ def test_restarted_agent_kills_leftovers(cluster: Cluster, tmp_path: Path) -> No
         if leftover.poll() is None:
             leftover.kill()
         leftover.wait()
+
+
+def test_gang_runs_on_all_its_nodes_at_once_and_fails_as_one(cluster: Cluster,
+                                                             tmp_path: Path) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    cluster.start_agent("n2", "2xA100-80GB")
+    script = ('echo "rank=$SPILLWAY_NODE_RANK of $SPILLWAY_NUM_NODES on $SPILLWAY_NODE_ID '
+              'gpus=$CUDA_VISIBLE_DEVICES"; sleep 0.5')
+    gang = cluster.client.submit(command=script, gpus=2, nodes=2, name="gang")
+    done = cluster.client.wait(gang.id, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done.history
+    assert sorted(a.node_id for a in done.allocations) == ["n1", "n2"]
+    lines = sorted(ln.text for ln in cluster.client.logs(gang.id) if ln.text.startswith("rank="))
+    by_rank = {a.rank: a for a in done.allocations}
+    assert lines == sorted(
+        f"rank={r} of 2 on {a.node_id} gpus={','.join(a.gpu_ids)}" for r, a in by_rank.items())
+
+    # rank 1 fails at once; rank 0 would run for minutes: it is stopped, the job FAILED
+    marker = tmp_path / "rank0.pid"
+    failing = cluster.client.submit(
+        command=f'if [ "$SPILLWAY_NODE_RANK" = 1 ]; then exit 3; fi; echo $$ > {marker}; '
+                'exec sleep 300', gpus=2, nodes=2, name="gang-fail")
+    final = cluster.client.wait(failing.id, timeout=60)
+    assert final.state is JobState.FAILED
+    assert final.exit_code == 3
+    assert any(h.reason.startswith("Part 1 failed") for h in final.history), final.history
+    if marker.exists():
+        wait_until(lambda: not pid_alive(int(marker.read_text())), 10, "rank 0 to be stopped")
+    assert not any(cluster.store.allocations().values())
+
+
+def test_time_limit_ends_the_job(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "1xA100-80GB")
+    job = cluster.client.submit(command="sleep 300", gpus=1, time_limit="2s", name="overrun")
+    final = cluster.client.wait(job.id, timeout=30)
+    assert final.state is JobState.FAILED
+    assert "TimeLimit" in final.history[-1].reason
+    ran = final.finished_at - next(h.time for h in final.history if h.state is JobState.RUNNING)
+    assert 2.0 <= ran < 2.0 + 2.0 + 3.0  # limit, then SIGTERM and at most the grace period
