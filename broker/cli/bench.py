@@ -36,13 +36,15 @@ def cycle(
     gpus_per_node: Annotated[int, Opt("--gpus-per-node", help="GPUs per node.")] = 8,
     cycles: Annotated[int, Opt("--cycles", help="Cycles to time.")] = 20,
     seed: Annotated[int, Opt("--seed", help="Random seed of the synthetic workload.")] = 0,
+    store: Annotated[bool, Opt("--store", help="Also time whole cycles through a real "
+                                               "(embedded) Redis store.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Time the pure scheduling cycle on a synthetic queue and cluster."""
     from broker.bench import bench_cycle
 
     _show(bench_cycle(pending=pending, nodes=nodes, gpus_per_node=gpus_per_node,
-                      cycles=cycles, seed=seed), as_json)
+                      cycles=cycles, seed=seed, store=store), as_json)
 
 
 @bench.command("dispatch")

@@ -136,6 +136,7 @@ class RedisStore(BaseStore):
                  prefix: str = "sw:", cache_size: int = 100_000) -> None:
         super().__init__(config)
         self._parsed: dict[str, tuple[bytes | str, Job]] = {}  # job id -> (doc, Job)
+        self._parsed_nodes: dict[str, tuple[bytes | str, Node]] = {}
         self._cache_size = cache_size
         self._owns_client = isinstance(url_or_client, str)
         self.redis: redis.Redis = (
@@ -251,8 +252,10 @@ class RedisStore(BaseStore):
     # -- nodes ---------------------------------------------------------------------------------
 
     def _put_node(self, node: Node, lease_expires: float) -> None:
-        node = replace(node, lease_expires=lease_expires)
-        doc = json.dumps(node.to_dict(), separators=(",", ":"))
+        # The document holds what rarely changes; state, incarnation and lease are fields of
+        # their own, so a heartbeat leaves the document (and its parsed copy) as it was.
+        doc = json.dumps(replace(node, state=NodeState.READY, incarnation="",
+                                 lease_expires=0.0).to_dict(), separators=(",", ":"))
         self._put_node_script(
             [self._k_node(node.id), self._k_nodes, self._k_node_seq],
             [node.id, doc, node.state.value, node.incarnation, repr(float(lease_expires))],
@@ -268,10 +271,15 @@ class RedisStore(BaseStore):
         for node_id in ids:
             pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
         out = []
-        for doc, state, incarnation, lease in pipe.execute():
+        for node_id, (doc, state, incarnation, lease) in zip(ids, pipe.execute()):
             if doc is None:
                 continue
-            node = Node.from_dict(json.loads(doc))
+            hit = self._parsed_nodes.get(node_id)
+            if hit is not None and hit[0] == doc:
+                node = hit[1]
+            else:
+                node = Node.from_dict(json.loads(doc))
+                self._parsed_nodes[node_id] = (doc, node)
             out.append(replace(node, state=NodeState(_str(state)),
                                incarnation=_str(incarnation), lease_expires=float(lease)))
         return out
