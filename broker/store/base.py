@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker.config import Config
@@ -140,6 +140,8 @@ class BaseStore(ABC):
             ids = self._index("pending") + self._index("active")
         else:
             ids = self._index("all")
+            if limit is not None and wanted is None and team is None and priority is None:
+                ids = ids[-limit:]  # newest first need not read the whole history
         out = [
             j for j in self._load(ids)
             if j is not None
@@ -160,7 +162,7 @@ class BaseStore(ABC):
         return [replace(j, pending_reason=reasons.get(j.id)) if j.id in reasons else j
                 for j in jobs]
 
-    def _update(self, job_id: str, fn, *args) -> Job:  # type: ignore[no-untyped-def]
+    def _update(self, job_id: str, fn: Callable[..., T.Change | None], *args: object) -> Job:
         """Read, compute a Change with ``fn``, compare-and-set; retry on a lost race."""
         for _ in range(_RETRIES):
             job = self._load([job_id])[0]
