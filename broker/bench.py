@@ -51,11 +51,11 @@ def synthetic_snapshot(pending: int, nodes: int, gpus_per_node: int, seed: int =
     for i in range(pending):
         key = (rng.choice(_GPUS), rng.choice(_TYPES), rng.choice(_CLASSES), f"t{rng.randrange(8)}",
                2 if rng.random() < 0.02 else 1)
-        spec = specs.get(key)
-        if spec is None:
-            spec = specs[key] = JobSpec(command="true", gpus=key[0], gpu_types=key[1],
-                                        priority=key[2], team=key[3], nodes=key[4])
-        jobs.append(Job(f"job-{i:06d}", spec, JobState.PENDING, float(rng.randrange(100000))))
+        cached = specs.get(key)
+        if cached is None:
+            cached = specs[key] = JobSpec(command="true", gpus=key[0], gpu_types=key[1],
+                                          priority=key[2], team=key[3], nodes=key[4])
+        jobs.append(Job(f"job-{i:06d}", cached, JobState.PENDING, float(rng.randrange(100000))))
     return Snapshot(1e6, tuple(jobs), tuple(active), tuple(node_list), allocated,
                     DEFAULT_CLASSES)
 
@@ -67,11 +67,12 @@ def _pct(values: list[float], q: float) -> float:
 
 def bench_cycle(pending: int = 10000, nodes: int = 1000, gpus_per_node: int = 8,
                 cycles: int = 20, seed: int = 0, store: bool = False,
-                **_: Any) -> dict[str, Any]:
+                **_ignored: Any) -> dict[str, Any]:
     """Time ``run_cycle`` on a synthetic snapshot; with ``store``, also the whole cycle
     through a real Redis store (snapshot, plan, compare-and-set apply)."""
     snap = synthetic_snapshot(pending, nodes, gpus_per_node, seed)
-    times, starts = [], 0
+    times: list[float] = []
+    starts = 0
     for _ in range(cycles):
         t0 = time.perf_counter()
         plan = run_cycle(snap)
@@ -180,7 +181,7 @@ def _cpu_seconds(procs: list[Any]) -> dict[str, float]:
 
 def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
                    latency_samples: int = 50, redis_url: str | None = None,
-                   **_: Any) -> dict[str, Any]:
+                   **_ignored: Any) -> dict[str, Any]:
     """Start a scheduler and ``agents`` worker agents against a fresh embedded Redis (or
     ``redis_url``, whose database is flushed), run ``jobs`` trivial jobs (``true``), and
     measure job starts per second, submit-to-running latency on an idle cluster, and raw
@@ -208,7 +209,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
         poll_until(lambda: len(client.nodes()) == agents, 60, "agents to register")
 
         # 1. latency on an idle cluster: one job at a time, submit -> RUNNING
-        lat = []
+        lat: list[float] = []
         for _ in range(latency_samples):
             job = client.submit(command=["true"], gpus=1, name="lat")
             done = client.wait(job.id, timeout=30)

@@ -13,7 +13,7 @@ from policies.registry import register
 def priority_fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     """Higher class rank first, then earlier submission, then job id (deterministic)."""
     rank = {c.name: -c.rank for c in snapshot.classes}
-    return sorted(jobs, key=lambda j: (rank.get(j.spec.priority, 0), j.submitted_at, j.id))
+    return sorted(jobs, key=lambda j: (rank.get(j.spec.priority or "", 0), j.submitted_at, j.id))
 
 
 @register("admit", "admit-all")

@@ -18,6 +18,7 @@ attempt; a report refused as stale (:class:`~broker.errors.StaleAttempt`) is log
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import signal
@@ -124,7 +125,7 @@ class Agent:
         with self._lock:
             local = list(self._local.values())
         for part in local:
-            self._safe(lambda p=part: self._preempt(p.job_id, p.attempt, now, reason))
+            self._safe(functools.partial(self._preempt, part.job_id, part.attempt, now, reason))
             with self._lock:
                 self._stopping.add(part.key)
             self.sup.stop(part.job_id, part.attempt, self.config.grace_s)

@@ -83,7 +83,7 @@ def _nvml_device(nv: Any, handle: Any, fallback_index: int) -> list[Gpu]:
         except nv.NVMLError_NotFound:
             continue  # an empty slot: no instance there
         profile = _mig_profile(nv, mig, model)
-        mig_mem = mig_memory_gb(profile) if profile else 0
+        mig_mem: float = mig_memory_gb(profile) if profile else 0
         if not mig_mem:
             mig_mem = round(int(nv.nvmlDeviceGetMemoryInfo(mig).total) / 2**30, 1)
         out.append(Gpu(_text(nv.nvmlDeviceGetUUID(mig)), index, model, float(mig_mem),

@@ -72,7 +72,8 @@ class MemoryStore(BaseStore):
 
     def _index(self, which: str) -> list[str]:
         with self._lock:
-            src = {"pending": self._pending, "active": self._active, "all": self._order}[which]
+            src: dict[str, object] = {"pending": self._pending, "active": self._active,
+                                      "all": self._order}[which]  # type: ignore[assignment]
             return sorted(src, key=lambda i: (self._order[i], i))
 
     def _put_node(self, node: Node, lease_expires: float) -> None:

@@ -347,8 +347,8 @@ class RedisStore(BaseStore):
         out = []
         for entries in streams:
             for entry in entries:
-                entry_id, fields = entry[0], entry[1]
-                f = {_str(k): v for k, v in fields.items()}
+                entry_id, fields = entry[0], entry[1]  # type: ignore[index]
+                f = {_str(k): v for k, v in fields.items()}  # type: ignore[union-attr]
                 out.append(LogLine(_str(entry_id), float(_str(f["t"])), _str(f["s"]),
                                    _str(f["x"])))
         return out
