@@ -352,6 +352,16 @@ class Client:
 
     # -- nodes -----------------------------------------------------------------------------------
 
+    def drain(self, node_id: str) -> Node:
+        """Take no new jobs on a node; what runs there runs to its end. NodeNotFound if none."""
+        return self.store.set_node_state(node_id, NodeState.DRAINING)
+
+    def resume(self, node_id: str) -> Node:
+        """Let a drained node take jobs again, and schedule at once."""
+        node = self.store.set_node_state(node_id, NodeState.READY)
+        trigger_cycle(self._point_celery())
+        return node
+
     def nodes(self) -> builtins.list[NodeView]:
         """Every registered node with its GPUs (total and free, by kind) and running jobs."""
         now = time.time()

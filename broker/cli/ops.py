@@ -1,4 +1,4 @@
-"""Operator commands: nodes, scheduler, worker, up."""
+"""Operator commands: nodes, drain, resume, scheduler, worker, up."""
 
 from __future__ import annotations
 
@@ -38,6 +38,30 @@ def nodes(
         err.print("no nodes registered; start one with `spillway worker` (or `spillway up`)")
     else:
         out.print(nodes_table(views))
+
+
+@app.command()
+def drain(
+    ctx: typer.Context,
+    node_ids: Annotated[list[str], typer.Argument(help="Node ids (see `spillway nodes`).")],
+) -> None:
+    """Stop placing jobs on nodes; their running jobs run to their end (`resume` undoes it)."""
+    client = settings(ctx).client()
+    for node_id in node_ids:
+        client.drain(node_id)
+        out.print(f"{node_id} DRAINING")
+
+
+@app.command()
+def resume(
+    ctx: typer.Context,
+    node_ids: Annotated[list[str], typer.Argument(help="Node ids (see `spillway nodes`).")],
+) -> None:
+    """Let drained nodes take jobs again."""
+    client = settings(ctx).client()
+    for node_id in node_ids:
+        client.resume(node_id)
+        out.print(f"{node_id} READY")
 
 
 @app.command()

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from broker.cli import app
 
 DB = 13
-COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "scheduler",
+COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "drain", "resume",
+            "scheduler",
             "worker", "up", "demo", "bench", "bench cycle", "bench dispatch"]
 
 
@@ -170,3 +171,20 @@ def test_bench_cycle_prints_json() -> None:
                        "--json")
     assert code == 0
     assert json.loads(out)["pending"] == 50
+
+
+def test_drain_and_resume_a_node(url: str) -> None:
+    import time
+
+    from broker.model import Gpu, Node, NodeState
+    from broker.store import open_store
+
+    store = open_store(url)
+    store.heartbeat(Node("gpu01", (Gpu("GPU-0", 0, "A100-80GB", 80.0),)), 60.0, time.time())
+    code, out, _ = cli("drain", "gpu01", url=url)
+    assert code == 0 and "gpu01 DRAINING" in out
+    assert store.nodes()[0].state is NodeState.DRAINING
+    code, out, _ = cli("resume", "gpu01", url=url)
+    assert code == 0 and store.nodes()[0].state is NodeState.READY
+    code, _, err = cli("drain", "ghost", url=url)
+    assert code == 1 and "no node with id 'ghost'" in err
