@@ -25,7 +25,6 @@ from typing import Any
 import redis
 from celery import Celery
 
-import broker.tasks  # noqa: F401  (registers the spillway.* tasks sent by name)
 from broker.actuator import send_stops
 from broker.app import configure
 from broker.config import Config, load_config

@@ -26,7 +26,6 @@ def run_scheduler(redis_url: str | None, config: Config, beat: bool = True,
                   loglevel: str = "WARNING", hostname: str | None = None) -> int:
     """Run the scheduler until SIGTERM or SIGINT (warm shutdown). Returns the exit code."""
     rt = init_runtime(redis_url, config)
-    import broker.tasks  # noqa: F401  (registers spillway.cycle and spillway.reconcile)
 
     worker = rt.celery.Worker(
         hostname=hostname or f"scheduler-{os.getpid()}@{socket.gethostname()}",

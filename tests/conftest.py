@@ -9,16 +9,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 
 from broker.config import Config
+from broker.embedded import free_port
 from broker.store import BaseStore, MemoryStore, RedisStore
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -35,10 +36,10 @@ def redis_answers(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def with_db(url: str, db: int) -> str:
+    """The same Redis server, another database number."""
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
 
 
 def delete_prefix(client: redis.Redis, prefix: str) -> int:

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from broker.waiting import pid_alive, poll_until
+from tests.conftest import with_db
 
 T = TypeVar("T")
 
@@ -34,10 +34,6 @@ FAST_TIMINGS = {
     "SPILLWAY_GRACE_S": "2",
 }
 
-
-def with_db(url: str, db: int) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
 class Cluster:

@@ -57,7 +57,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def rt(server: str) -> Iterator[Runtime]:
     """A Runtime on the private server, for submitting and running cycles in-process."""
-    import broker.tasks  # noqa: F401  (registers the task names the actuator sends)
     from broker.app import app
 
     redis.Redis.from_url(server).flushdb()

@@ -5,23 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
+from tests.conftest import with_db
 
 DB = 13
 COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "drain", "resume",
             "scheduler",
             "worker", "up", "demo", "bench", "bench cycle", "bench dispatch"]
 
-
-def with_db(url: str, db: int) -> str:
-    p = urlsplit(url)
-    return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
 
 
 @pytest.fixture(autouse=True)

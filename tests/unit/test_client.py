@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -24,13 +23,10 @@ from broker.errors import ConfigError, JobNotFound, SpecError
 from broker.model import Gpu, JobSpec, Node
 from broker.state import JobState
 from broker.store.events import Exited, Started
+from tests.conftest import with_db
 
 DB = 12  # this module's own database on the session's Redis
 
-
-def with_db(url: str, db: int) -> str:
-    p = urlsplit(url)
-    return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
 
 
 @pytest.fixture
