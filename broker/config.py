@@ -30,6 +30,16 @@ class PriorityClass:
     spot_allowed: bool = True
 
 
+@dataclass(frozen=True)
+class Team:
+    """A team: its fair-share weight and the on-prem GPUs it is guaranteed (others may borrow
+    them while idle; the owner reclaims them, by preemption where the borrowers allow it)."""
+
+    name: str
+    weight: float = 1.0
+    quota_gpus: int = 0
+
+
 DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
     PriorityClass("critical", 400, 5 * 60, may_preempt=True, preemptible=False, spot_allowed=False),
     PriorityClass("high", 300, 30 * 60, may_preempt=True, preemptible=False),
@@ -51,7 +61,15 @@ class Config:
     default_team: str = "default"
     state_dir: str = "~/.local/state/spillway"
     classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
+    teams: tuple[Team, ...] = ()  # teams not listed get weight 1 and no guaranteed quota
+    policy: str = "spillway"  # a policy bundle: spillway, slurm-like or fcfs (policies/registry)
+    fairshare_half_life_s: float = 7 * 86400.0  # decay of past GPU usage (Slurm's default)
+    min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
+    policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def team(self, name: str) -> Team:
+        return next((t for t in self.teams if t.name == name), Team(name))
 
     def priority(self, name: str) -> PriorityClass | None:
         return next((c for c in self.classes if c.name == name), None)
@@ -61,7 +79,8 @@ class Config:
         return tuple(c.name for c in self.classes)
 
 
-_SCALARS = {f.name: f.type for f in fields(Config) if f.name not in ("classes", "extra")}
+_SCALARS = {f.name: f.type for f in fields(Config)
+            if f.name not in ("classes", "extra", "teams", "policy_settings")}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -94,6 +113,31 @@ def _classes(raw: Any) -> tuple[PriorityClass, ...]:
     return tuple(out)
 
 
+def _teams(raw: Any) -> tuple[Team, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("config teams: must be a list of {name, weight, quota_gpus}")
+    out: list[Team] = []
+    allowed = {f.name for f in fields(Team)}
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not item.get("name"):
+            raise ConfigError(f"config teams[{i}]: needs at least a name")
+        unknown = set(item) - allowed
+        if unknown:
+            raise ConfigError(
+                f"config teams[{i}]: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+        try:
+            team = Team(str(item["name"]), float(item.get("weight", 1.0)),
+                        int(item.get("quota_gpus", 0)))
+        except (TypeError, ValueError):
+            raise ConfigError(f"config teams[{i}]: weight and quota_gpus must be numbers") from None
+        if team.weight <= 0 or team.quota_gpus < 0:
+            raise ConfigError(f"config teams[{i}]: weight must be > 0 and quota_gpus >= 0")
+        if any(t.name == team.name for t in out):
+            raise ConfigError(f"config teams[{i}]: team {team.name!r} is listed twice")
+        out.append(team)
+    return tuple(out)
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -120,6 +164,12 @@ def load_config(
         for key, value in data.items():
             if key == "classes":
                 changes["classes"] = _classes(value)
+            elif key == "teams":
+                changes["teams"] = _teams(value)
+            elif key == "policy_settings":
+                if not isinstance(value, dict):
+                    raise ConfigError("config policy_settings: must be a mapping")
+                changes["policy_settings"] = dict(value)
             elif key in _SCALARS:
                 changes[key] = _coerce(key, value)
             else:
@@ -136,6 +186,10 @@ def load_config(
         raise ConfigError(
             f"config default_class: {cfg.default_class!r} is not one of {list(cfg.class_names)}"
         )
+    from policies.registry import BUNDLES  # late: policies import this module
+
+    if cfg.policy not in BUNDLES:
+        raise ConfigError(f"config policy: {cfg.policy!r} is not one of {sorted(BUNDLES)}")
     if cfg.lease_ttl_s <= cfg.heartbeat_s:
         raise ConfigError("config lease_ttl_s must be longer than heartbeat_s")
     return cfg

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -359,6 +360,11 @@ class Job:
     @property
     def priority(self) -> str:
         return self.spec.priority or "normal"
+
+    @cached_property
+    def res(self) -> Resources:
+        """``spec.resources``, computed once per record (the cycle asks often)."""
+        return self.spec.resources
 
     @property
     def team(self) -> str:

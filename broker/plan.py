@@ -5,9 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, Protocol
 
-from broker.config import PriorityClass
+from broker.config import PriorityClass, Team
 from broker.model import Allocation, Job, Node, Reason
+
+
+class Estimator(Protocol):
+    """Predicts runtimes from finished jobs (policies/predictor.py). Read-only in a cycle."""
+
+    def estimate(self, job: Job) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,18 @@ class Snapshot:
     nodes: tuple[Node, ...]  # live nodes (lease not expired)
     allocated: Mapping[str, Mapping[str, str]]  # node id -> GPU id -> "job:attempt"
     classes: tuple[PriorityClass, ...]
+    teams: tuple[Team, ...] = ()
+    usage: Mapping[str, float] = field(default_factory=dict)  # team -> decayed GPU-seconds
+    predictor: Estimator | None = None
+    reservation: Reservation | None = None  # what the last cycle reserved (it holds)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # policy knobs from the config
+    half_life_s: float = 7 * 86400.0
+    min_runtime_s: float = 600.0
+    grace_s: float = 30.0
+
+    @cached_property
+    def team_by_name(self) -> dict[str, Team]:
+        return {t.name: t for t in self.teams}
 
     @cached_property
     def class_by_name(self) -> dict[str, PriorityClass]:
@@ -28,6 +47,24 @@ class Snapshot:
     @cached_property
     def node_by_id(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """EASY backfill's reservation: the top blocked job starts by ``start_at`` on these nodes."""
+
+    job_id: str
+    start_at: float
+    node_ids: tuple[str, ...]
+    model: str  # the GPU model reserved
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "start_at": self.start_at,
+                "node_ids": list(self.node_ids), "model": self.model}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reservation:
+        return cls(str(d["job_id"]), float(d["start_at"]), tuple(d["node_ids"]), str(d["model"]))
 
 
 @dataclass(frozen=True)
@@ -69,6 +106,8 @@ class Plan:
     launches: tuple[Launch, ...] = ()
     terminations: tuple[Terminate, ...] = ()
     pending: Mapping[str, Reason] = field(default_factory=dict)  # every job not started, and why
+    reservation: Reservation | None = None
+    order: tuple[str, ...] = ()  # the pending queue as ranked this cycle (for explain)
 
 
 @dataclass(frozen=True)

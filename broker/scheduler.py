@@ -1,20 +1,40 @@
-"""The scheduling cycle: ``plan = run_cycle(snapshot, policies, now)``. Pure: no I/O, no clock."""
+"""The scheduling cycle: ``plan = run_cycle(snapshot, policies, now)``. Pure: no I/O, no clock.
+
+1 order the pending jobs (a registered order policy)
+2 admit (quotas, budgets)
+3 place in order on free capacity, best fit; the first job that cannot be placed gets
+4 a reservation (EASY backfill): later jobs start only if they do not delay it; with
+  ``backfill: none`` the first blocked job blocks every later one (strict order)
+5 preempt where a class allows it, or to reclaim a team's guaranteed quota
+6 burst (later)   7 defer for carbon (later)
+8 a reason for every job left pending
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Callable
 
 from broker.model import Job, Reason, Resources
-from broker.plan import Plan, Snapshot, Start
+from broker.plan import Plan, Preempt, Snapshot, Start
+from broker.state import JobState
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
-from policies.placement import FreeIndex
+from policies.backfill import Shadow, release_profile, reserve
+from policies.fairshare import gpus_in_use
+from policies.placement import FreeIndex, Kind, kind_of
+from policies.predictor import expected_end
+from policies.preemption import Victim, choose, make_victims, victim_key
 from policies.registry import PolicySet
 
+MAX_PREEMPTORS = 8  # blocked jobs that may look for victims in one cycle
+_FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
+_FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlier job to start")
 
-def _shape(res: Resources, sites: tuple[str, ...]) -> tuple[object, ...]:
-    return (res.gpus, res.gpu_types, res.min_gpu_memory_gb, res.mig_profile, res.cpus,
-            res.memory_gb, res.nodes, sites)
+
+def _shape(res: Resources, sites: tuple[str, ...], long: bool) -> tuple[object, ...]:
+    return (res, sites, long)
 
 
 def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
@@ -30,62 +50,246 @@ def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
 
 def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
               now: float | None = None) -> Plan:
-    """One scheduling pass over a snapshot.
-
-    1 order the pending jobs   2 admit (quotas, budgets)   3 place on free capacity
-    4 backfill (later)         5 preempt (later)           6 burst (later)
-    7 defer for carbon (later) 8 a reason for every job left pending
-    """
-    policies = policies or PolicySet()
-    now = snapshot.now if now is None else now
-    order, admit, place = (policies.resolve(r) for r in ("order", "admit", "place"))
-    index = FreeIndex(snapshot.nodes, {k: dict(v) for k, v in snapshot.allocated.items()},
-                      _used_cpu_mem(snapshot.active))
-
-    queue: list[Job] = order(snapshot, snapshot.pending)  # 1
-    starts: list[Start] = []
-    pending: dict[str, Reason] = {}
-    blocked_shapes: dict[tuple[object, ...], Reason] = {}  # shape -> reason for later twins
-    blocked_kinds: set[object] = set()  # device kinds a higher-ranked waiting job wants
-    for job in queue:
-        refusal = admit(snapshot, job)  # 2
-        if refusal is not None:
-            pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
-            continue
-        res = job.spec.resources
-        shape = _shape(res, job.spec.sites)
-        twin = blocked_shapes.get(shape)
-        if twin is not None:  # an identical request already failed this cycle
-            pending[job.id] = twin
-            continue
-        allocs = place(index, job)  # 3
-        if allocs is None:
-            reason = pending[job.id] = _blocked_reason(job, res, index, blocked_kinds)
-            if reason.code != "NoFeasibleNode":  # an impossible job blocks nobody
-                blocked_kinds.update(index.wanted(res))
-            blocked_shapes[shape] = _blocked_reason(job, res, index, blocked_kinds)
-            continue
-        index.take(allocs, res)
-        starts.append(Start(job.id, job.attempt, job.version, allocs))
-    # 4-7: backfill, preemption, burst and carbon deferral plug in here.
-    return Plan(starts=tuple(starts), pending=pending)  # 8
+    """One scheduling pass over a snapshot (see the module docstring for the phases)."""
+    return _Cycle(snapshot, policies or PolicySet(), snapshot.now if now is None else now).run()
 
 
-def _blocked_reason(job: Job, res: Resources, index: FreeIndex,
-                    blocked_kinds: set[object]) -> Reason:
-    if not index.feasible_ever(res):
-        return Reason(
-            "NoFeasibleNode",
-            f"no live node has {res.gpus} free-able GPU(s) of {_types(res)}"
-            + (f" on {res.nodes} nodes" if res.nodes > 1 else "")
-            + "; check `spillway nodes` and the job's gpu_types / min_gpu_memory_gb",
-        )
-    kinds = set(index.wanted(res))
-    if kinds & blocked_kinds:
-        return Reason("Priority", "waiting behind higher-priority or earlier jobs that need the "
-                                  f"same GPUs ({_types(res)})")
-    return Reason("Resources", f"waiting for {res.gpus} GPU(s) of {_types(res)} to free up"
-                               + (f" on {res.nodes} nodes" if res.nodes > 1 else ""))
+class _Cycle:
+    def __init__(self, snap: Snapshot, policies: PolicySet, now: float) -> None:
+        self.snap, self.policies, self.now = snap, policies, now
+        self.order, self.admit, self.place = (policies.resolve(r)
+                                              for r in ("order", "admit", "place"))
+        self.index = FreeIndex(snap.nodes, {k: dict(v) for k, v in snap.allocated.items()},
+                               _used_cpu_mem(snap.active))
+        self.rank = {c.name: c.rank for c in snap.classes}
+        self.starts: list[Start] = []
+        self.started: list[tuple[Job, float]] = []  # (job, expected end) started this cycle
+        self.pending: dict[str, Reason] = {}
+        self.shadow: Shadow | None = None
+        self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
+        self._estimates: dict[str, float] = {}
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def estimate(self, job: Job) -> float:
+        est = self._estimates.get(job.id)
+        if est is None:
+            pred = self.snap.predictor
+            if self.policies.estimate == "predictor" and pred is not None:
+                est = pred.estimate(job)
+            else:
+                est = job.spec.time_limit or math.inf
+            self._estimates[job.id] = est
+        return est
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        queue: list[Job] = self.order(self.snap, self.snap.pending)  # 1
+        strict = self.policies.backfill == "none"
+        failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
+        head_blocked = False
+        for pos, job in enumerate(queue):
+            if self.index.free_devices == 0:
+                self._rest_full(queue[pos:], head_blocked or strict)
+                break
+            if head_blocked and strict:
+                self.pending[job.id] = _FIFO
+                continue
+            refusal = self.admit(self.snap, job)  # 2
+            if refusal is not None:
+                self.pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
+                continue
+            res = job.res
+            if not self.index.feasible_ever(res):
+                self.pending[job.id] = _infeasible(res)
+                continue
+            long = self.shadow is not None and not self.shadow.allows(self.now,
+                                                                     self.estimate(job))
+            shape = _shape(res, job.spec.sites, long)
+            if shape in failed:
+                self.pending[job.id] = failed[shape]
+                self.blocked.append(job)
+                continue
+            allocs = self._place(job, long)  # 3, 4
+            if allocs is not None:
+                self._start(job, allocs, long)
+                continue
+            self.blocked.append(job)
+            if not head_blocked:
+                head_blocked = True
+                if not strict:
+                    self.shadow = self._reserve(job)
+                self.pending[job.id] = self._head_reason(res)
+                continue
+            failed[shape] = self.pending[job.id] = self._blocked_reason(job, long)
+        preemptions = self._preempt() if self.policies.preempt != "none" else ()  # 5
+        return Plan(starts=tuple(self.starts), preemptions=preemptions, pending=self.pending,
+                    reservation=self.shadow.reservation if self.shadow else None,
+                    order=tuple(j.id for j in queue))  # 8
+
+    def _place(self, job: Job, long: bool) -> tuple | None:  # type: ignore[type-arg]
+        if self.shadow is None or not long:
+            return self.place(self.index, job)  # type: ignore[no-any-return]
+        return self.index.find(job.res, job.spec.sites, self.shadow.cap, self.shadow.kind)
+
+    def _start(self, job: Job, allocs: tuple, long: bool) -> None:  # type: ignore[type-arg]
+        self.index.take(allocs, job.res)
+        if long and self.shadow is not None:
+            self.shadow.charge(allocs)
+        self.starts.append(Start(job.id, job.attempt, job.version, allocs))
+        est = self.estimate(job)
+        self.started.append((job, self.now + est))
+
+    def _reserve(self, job: Job) -> Shadow | None:
+        running = [(j.allocations, self._end_of(j)) for j in self.snap.active]
+        running += [(s.allocations, end) for s, (_, end) in zip(self.starts, self.started)]
+        return reserve(job, self.index, release_profile(self.index, running), self.now)
+
+    def _end_of(self, job: Job) -> float:
+        if job.state is JobState.STOPPING:
+            return self.now + self.snap.grace_s
+        return expected_end(job, self.estimate(job), self.now)
+
+    def _rest_full(self, rest: list[Job], head_done: bool) -> None:
+        """Nothing is free: the rest of the queue waits (cheap, for long queues). The first
+        feasible job still gets its reservation, so that it holds from cycle to cycle."""
+        for job in rest:
+            if self.index.feasible_ever(job.res):
+                if not head_done:
+                    head_done = True
+                    self.shadow = self._reserve(job)
+                    self.pending[job.id] = self._head_reason(job.res)
+                else:
+                    self.pending[job.id] = _FULL
+                self.blocked.append(job)
+            else:
+                self.pending[job.id] = _infeasible(job.res)
+
+    # -- reasons ---------------------------------------------------------------------------
+
+    def _head_reason(self, res: Resources) -> Reason:
+        what = f"{res.gpus} GPU(s) of {_types(res)}" + (
+            f" on {res.nodes} nodes" if res.nodes > 1 else "")
+        sh = self.shadow
+        if sh is None:
+            return Reason("Resources", f"first in line; waiting for {what} to free up")
+        when = "now" if sh.reservation.start_at <= self.now else (
+            f"in ~{_dur(sh.reservation.start_at - self.now)}")
+        return Reason("Resources", f"first in line, holds the reservation: {what} on "
+                                   f"{', '.join(sh.reservation.node_ids)} expected free {when}")
+
+    def _blocked_reason(self, job: Job, long: bool) -> Reason:
+        res = job.res
+        if long and self.index.find(res, job.spec.sites) is not None:
+            assert self.shadow is not None
+            return Reason("Reservation",
+                          f"would fit now but would delay the reservation of "
+                          f"{self.shadow.reservation.job_id} (its estimate ends after "
+                          f"{_dur(self.shadow.reservation.start_at - self.now)})")
+        return Reason("Priority", f"waiting behind higher-ranked jobs for {res.gpus} GPU(s) of "
+                                  f"{_types(res)}" + (f" on {res.nodes} nodes"
+                                                      if res.nodes > 1 else ""))
+
+    # -- preemption ------------------------------------------------------------------------
+
+    def _preempt(self) -> tuple[Preempt, ...]:
+        snap, now = self.snap, self.now
+        quota = {t.name: t.quota_gpus for t in snap.teams if t.quota_gpus}
+        in_use = gpus_in_use(snap) if quota else {}
+        may = {c.name for c in snap.classes if c.may_preempt}
+        preemptors = [j for j in self.blocked
+                      if j.priority in may or in_use.get(j.team, 0) + j.res.total_gpus
+                      <= quota.get(j.team, 0)][:MAX_PREEMPTORS]
+        if not preemptors:
+            return ()
+        kinds: dict[str, dict[str, Kind]] = {
+            nid: {g.id: kind_of(g) for g in f.node.allocatable}
+            for nid, f in self.index.nodes.items()}
+        soon = self._soon_free(kinds)
+        preemptible = {c.name for c in snap.classes if c.preemptible}
+        pool = [j for j in snap.active
+                if j.state is JobState.RUNNING and j.priority in preemptible
+                and j.started_at is not None and now - j.started_at >= snap.min_runtime_s]
+        victims = make_victims(pool, kinds, lambda j: victim_key(
+            j, self.rank.get(j.priority, 0), now, snap.grace_s))
+        out: list[Preempt] = []
+        taken: set[str] = set()
+        for job in preemptors:
+            if self._fits(job, soon):  # room is already being made for it
+                self._claim(job, soon)
+                self.pending[job.id] = Reason("Preempting", "waiting for evicted jobs to stop")
+                continue
+            allowed = self._allowed(job, quota, in_use, taken)
+            chosen = choose(job, self.index, soon, victims, allowed)
+            if chosen is None:
+                continue
+            for v in chosen:
+                taken.add(v.job.id)
+                for nid, per in v.devices.items():
+                    for kind, n in per.items():
+                        soon[nid][kind] += n
+                out.append(Preempt(v.job.id, v.job.attempt,
+                                   f"preempted by {job.id} ({job.priority}, team {job.team})",
+                                   snap.grace_s))
+            self._claim(job, soon)
+            code = "Preempting" if job.priority in may else "Quota"
+            self.pending[job.id] = Reason(code, f"evicting {len(chosen)} job(s) to make room: "
+                                                + ", ".join(v.job.id for v in chosen))
+        return tuple(out)
+
+    def _soon_free(self, kinds: dict[str, dict[str, Kind]]) -> dict[str, dict[Kind, int]]:
+        """Free devices plus those held by jobs already stopping for a preemption."""
+        soon: dict[str, dict[Kind, int]] = defaultdict(lambda: defaultdict(int))
+        for nid, f in self.index.nodes.items():
+            for k, devs in f.devices.items():
+                soon[nid][k] += len(devs)
+        for job in self.snap.active:
+            if job.state is JobState.STOPPING and job.stop_target is JobState.PREEMPTED:
+                for a in job.allocations:
+                    for gid in a.gpu_ids:
+                        kind = kinds.get(a.node_id, {}).get(gid)
+                        if kind is not None:
+                            soon[a.node_id][kind] += 1
+        return soon
+
+    def _fits(self, job: Job, soon: dict[str, dict[Kind, int]]) -> bool:
+        res = job.res
+        return any(sum(1 for nid in soon if soon[nid].get(k, 0) >= res.gpus) >= res.nodes
+                   for k in self.index.wanted(res))
+
+    def _claim(self, job: Job, soon: dict[str, dict[Kind, int]]) -> None:
+        res = job.res
+        for k in self.index.wanted(res):
+            nodes = sorted((soon[n].get(k, 0), n) for n in soon if soon[n].get(k, 0) >= res.gpus)
+            if len(nodes) >= res.nodes:
+                for _, nid in nodes[: res.nodes]:
+                    soon[nid][k] -= res.gpus
+                return
+
+    def _allowed(self, job: Job, quota: dict[str, int], in_use: dict[str, int],
+                 taken: set[str]) -> Callable[[Victim], bool]:
+        my_rank = self.rank.get(job.priority, 0)
+        by_class = job.priority in {c.name for c in self.snap.classes if c.may_preempt}
+        reclaim = in_use.get(job.team, 0) + job.res.total_gpus <= quota.get(job.team, 0)
+
+        def ok(v: Victim) -> bool:
+            if v.job.id in taken or (v.job.team == job.team and not by_class):
+                return False
+            if by_class and self.rank.get(v.job.priority, 0) < my_rank:
+                return True
+            return reclaim and in_use.get(v.job.team, 0) > quota.get(v.job.team, 0)
+
+        return ok
+
+
+def _infeasible(res: Resources) -> Reason:
+    return Reason(
+        "NoFeasibleNode",
+        f"no live node has {res.gpus} free-able GPU(s) of {_types(res)}"
+        + (f" on {res.nodes} nodes" if res.nodes > 1 else "")
+        + "; check `spillway nodes` and the job's gpu_types / min_gpu_memory_gb",
+    )
 
 
 def _types(res: Resources) -> str:
@@ -95,3 +299,13 @@ def _types(res: Resources) -> str:
     if res.min_gpu_memory_gb:
         what += f", >= {res.min_gpu_memory_gb:g} GB"
     return what
+
+
+def _dur(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

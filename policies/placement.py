@@ -8,7 +8,7 @@ Best fit: the node left with the fewest free devices of that kind after placing 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from broker.gpus import type_matches
@@ -63,6 +63,7 @@ class FreeIndex:
         self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
         self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
             lambda: defaultdict(dict))
+        self.free_devices = 0  # free devices of every kind on ready nodes
         for node in nodes:
             held = allocated.get(node.id, {})
             per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
@@ -84,6 +85,7 @@ class FreeIndex:
             )
             self.nodes[node.id] = free
             for k, devs in free.devices.items():
+                self.free_devices += len(devs)
                 if devs:
                     self._buckets[k][len(devs)][node.id] = None
 
@@ -111,11 +113,17 @@ class FreeIndex:
             ) or (res.gpus == 0 and bool(self.nodes))
         return ok
 
-    def find(self, res: Resources, sites: tuple[str, ...]) -> tuple[Allocation, ...] | None:
-        """Best-fit placement for ``res``, or None. Does not change the index."""
+    def find(self, res: Resources, sites: tuple[str, ...],
+             cap: Mapping[str, int] | None = None,
+             cap_kind: Kind | None = None) -> tuple[Allocation, ...] | None:
+        """Best-fit placement for ``res``, or None. Does not change the index.
+
+        ``cap`` limits how many ``cap_kind`` devices may be used on some nodes (those a
+        reservation needs later): backfill passes it for jobs that would outlive the reservation.
+        """
         best: tuple[int, Kind, list[str]] | None = None
         for kind in self.wanted(res) if res.gpus else [None]:  # type: ignore[list-item]
-            chosen = self._tightest(kind, res, sites)
+            chosen = self._tightest(kind, res, sites, cap if kind == cap_kind else None)
             if chosen is not None and (best is None or chosen[0] < best[0]):
                 best = (chosen[0], kind, chosen[1])  # type: ignore[assignment]
         if best is None:
@@ -127,13 +135,13 @@ class FreeIndex:
             for rank, nid in enumerate(node_ids)
         )
 
-    def _tightest(self, kind: Kind | None, res: Resources,
-                  sites: tuple[str, ...]) -> tuple[int, list[str]] | None:
+    def _tightest(self, kind: Kind | None, res: Resources, sites: tuple[str, ...],
+                  cap: Mapping[str, int] | None = None) -> tuple[int, list[str]] | None:
         picked: list[str] = []
         leftover = 0
         if kind is None:  # a CPU-only job: any ready node with room
             for nid, f in self.nodes.items():
-                if self._fits_host(f, res, sites):
+                if self.fits_host(f, res, sites):
                     picked.append(nid)
                     if len(picked) == res.nodes:
                         return 0, picked
@@ -141,7 +149,9 @@ class FreeIndex:
         buckets = self._buckets.get(kind, {})
         for count in sorted(c for c in buckets if c >= res.gpus):
             for nid in buckets[count]:
-                if self._fits_host(self.nodes[nid], res, sites):
+                if cap is not None and cap.get(nid, count) < res.gpus:
+                    continue
+                if self.fits_host(self.nodes[nid], res, sites):
                     picked.append(nid)
                     leftover += count - res.gpus
                     if len(picked) == res.nodes:
@@ -149,7 +159,7 @@ class FreeIndex:
         return None
 
     @staticmethod
-    def _fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:
+    def fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:
         site_ok = f.node.site in sites or (f.node.site != "onprem" and "cloud" in sites)
         return site_ok and f.cpus >= res.cpus and f.mem >= res.memory_gb
 
@@ -165,6 +175,7 @@ class FreeIndex:
                     continue
                 before = len(devs)
                 devs[:] = [g for g in devs if g.id not in taken]
+                self.free_devices -= before - len(devs)
                 bucket = self._buckets[kind]
                 bucket[before].pop(a.node_id, None)
                 if devs:

@@ -32,13 +32,57 @@ def lookup(role: str, name: str) -> Callable[..., Any]:
         raise ValueError(f"no {role} policy named {name!r}; registered: {known}") from None
 
 
+BACKFILL = ("none", "easy")
+PREEMPT = ("none", "priority")
+ESTIMATE = ("limit", "predictor")
+
+
 @dataclass(frozen=True)
 class PolicySet:
-    """One implementation per role, by name."""
+    """One implementation per role, by name, and how the cycle backfills and preempts.
+
+    ``backfill``: ``none`` (a blocked job blocks every later one: strict order) or ``easy``
+    (the top blocked job gets a reservation; later jobs start only if they do not delay it).
+    ``preempt``: ``none`` or ``priority`` (a class that may preempt evicts lower-ranked
+    preemptible jobs; a team below its guaranteed quota reclaims it from borrowers).
+    ``estimate``: runtimes for backfill come from the time ``limit`` or the ``predictor``.
+    """
 
     order: str = "priority-fifo"
     admit: str = "admit-all"
     place: str = "best-fit"
+    backfill: str = "easy"
+    preempt: str = "priority"
+    estimate: str = "limit"
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field_, allowed in (("backfill", BACKFILL), ("preempt", PREEMPT),
+                                ("estimate", ESTIMATE)):
+            if getattr(self, field_) not in allowed:
+                raise ValueError(f"policy {field_} {getattr(self, field_)!r}: "
+                                 f"allowed {', '.join(allowed)}")
 
     def resolve(self, role: str) -> Callable[..., Any]:
         return lookup(role, getattr(self, role))
+
+    @classmethod
+    def named(cls, name: str) -> PolicySet:
+        try:
+            return BUNDLES[name]
+        except KeyError:
+            raise ValueError(f"no policy named {name!r}; known: {', '.join(sorted(BUNDLES))}"
+                             ) from None
+
+
+BUNDLES: dict[str, PolicySet] = {
+    # strict first come, first served: no classes, no backfill, no preemption
+    "fcfs": PolicySet(order="fifo", backfill="none", preempt="none", name="fcfs"),
+    # Slurm's multifactor priority (age, fair share, size) + EASY backfill on the user limits
+    "slurm-like": PolicySet(order="multifactor", backfill="easy", preempt="none",
+                            estimate="limit", name="slurm-like"),
+    # expected-slowdown order with fair share, held reservations, predicted runtimes,
+    # class preemption and quota reclaim
+    "spillway": PolicySet(order="spillway", backfill="easy", preempt="priority",
+                          estimate="predictor", name="spillway"),
+}

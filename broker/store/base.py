@@ -12,6 +12,7 @@ backend supplies a handful of persistence primitives with compare-and-set semant
 
 from __future__ import annotations
 
+import json
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,10 +21,11 @@ from dataclasses import dataclass, replace
 from broker.config import Config
 from broker.errors import Conflict, JobNotFound, NodeNotFound, StaleAttempt
 from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
-from broker.plan import Applied, Plan, Snapshot
+from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, JobState
 from broker.store import transitions as T
 from broker.store.events import JobEvent
+from policies.predictor import RuntimePredictor
 
 OK, VERSION, BUSY, DEAD = "ok", "version", "busy", "dead"
 _FOREVER = 1e300
@@ -48,6 +50,9 @@ class BaseStore(ABC):
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self._last_reasons: dict[str, Reason] = {}
+        self._predictor = RuntimePredictor()
+        self._runtime_cursor = "0"
+        self._last_reservation: str | None = ""
 
     # -- primitives --------------------------------------------------------------------------
 
@@ -81,6 +86,29 @@ class BaseStore(ABC):
 
     @abstractmethod
     def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]: ...
+
+    @abstractmethod
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
+        """Atomically decay a team's usage to ``now`` and add ``gpu_s``."""
+
+    @abstractmethod
+    def _read_usage(self) -> dict[str, tuple[float, float]]:
+        """team -> (decayed GPU-seconds, as of time)."""
+
+    @abstractmethod
+    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
+        """Append (team, name, total GPUs, time limit or 0, runtime) of a finished job."""
+
+    @abstractmethod
+    def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
+                                                   str]:
+        """Runtime samples after ``cursor`` (oldest first) and the new cursor."""
+
+    @abstractmethod
+    def _put_reservation(self, data: str | None) -> None: ...
+
+    @abstractmethod
+    def _get_reservation(self) -> str | None: ...
 
     @abstractmethod
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
@@ -173,10 +201,40 @@ class BaseStore(ABC):
                 return job
             status = self._commit([change])[0]
             if status == OK:
+                self._attempt_ended(job, change.job)
                 return change.job
             if status != VERSION:
                 raise Conflict(f"job {job_id}: write refused ({status})")
         raise Conflict(f"job {job_id}: too many concurrent writers")
+
+    def _attempt_ended(self, old: Job, new: Job) -> None:
+        """Account an attempt that just ended: its GPU time goes to the team's fair-share
+        usage, and a job that finished on its own teaches the runtime predictor."""
+        if old.state not in ACTIVE or (new.state in ACTIVE and new.attempt == old.attempt):
+            return
+        att = next((a for a in new.attempts if a.number == old.attempt), None)
+        if att is None or att.ended_at is None or old.started_at is None:
+            return
+        ran = max(0.0, att.ended_at - old.started_at)
+        self._add_usage(old.team, old.res.total_gpus * ran, att.ended_at,
+                        self.config.fairshare_half_life_s)
+        if new.state is JobState.SUCCEEDED and new.attempt == 1:
+            spec = old.spec
+            self._push_runtime((old.team, spec.name or spec.display_command,
+                                old.res.total_gpus, spec.time_limit or 0.0, ran))
+
+    def usage(self, now: float) -> dict[str, float]:
+        """Team -> GPU-seconds of finished attempts, decayed to ``now``."""
+        hl = self.config.fairshare_half_life_s
+        return {t: v * 0.5 ** (max(0.0, now - at) / hl) for t, (v, at) in
+                self._read_usage().items()}
+
+    def predictor(self) -> RuntimePredictor:
+        """The runtime predictor, caught up with the jobs finished since the last call."""
+        samples, self._runtime_cursor = self._read_runtimes(self._runtime_cursor)
+        for team, name, gpus, limit, ran in samples:
+            self._predictor.observe(RuntimePredictor.keys(team, name, gpus, limit or None), ran)
+        return self._predictor
 
     def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
@@ -209,7 +267,14 @@ class BaseStore(ABC):
                               if n.state is not NodeState.DOWN and n.lease_expires > now),
                              key=lambda n: n.id))
         allocated = self.allocations([n.id for n in nodes])
-        return Snapshot(now, pending, active, nodes, allocated, self.config.classes)
+        cfg = self.config
+        raw = self._get_reservation()
+        reservation = Reservation.from_dict(json.loads(raw)) if raw else None
+        return Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
+                        usage=self.usage(now), predictor=self.predictor(),
+                        reservation=reservation, settings=cfg.policy_settings,
+                        half_life_s=cfg.fairshare_half_life_s, min_runtime_s=cfg.min_runtime_s,
+                        grace_s=cfg.grace_s)
 
     def apply(self, plan: Plan, now: float) -> Applied:
         """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose
@@ -238,6 +303,10 @@ class BaseStore(ABC):
                                               " retried next cycle")
                  for job_id, why in skipped if job_id not in plan.pending}
         self._record_reasons({**plan.pending, **raced})
+        res = json.dumps(plan.reservation.to_dict()) if plan.reservation else None
+        if res != self._last_reservation:
+            self._put_reservation(res)
+            self._last_reservation = res
         return Applied(tuple(started), tuple(stopping), tuple(skipped))
 
     def _record_reasons(self, pending: Mapping[str, Reason]) -> None:

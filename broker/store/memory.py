@@ -28,6 +28,35 @@ class MemoryStore(BaseStore):
         self._reasons: dict[str, Reason] = {}
         self._logs: dict[tuple[str, int], list[LogLine]] = {}
         self._seq = 0
+        self._usage: dict[str, tuple[float, float]] = {}
+        self._runtimes: list[tuple[str, str, int, float, float]] = []
+        self._reservation: str | None = None
+
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
+        with self._lock:
+            value, at = self._usage.get(team, (0.0, now))
+            self._usage[team] = (value * 0.5 ** (max(0.0, now - at) / half_life_s) + gpu_s,
+                                 max(now, at))
+
+    def _read_usage(self) -> dict[str, tuple[float, float]]:
+        with self._lock:
+            return dict(self._usage)
+
+    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
+        with self._lock:
+            self._runtimes.append(sample)
+
+    def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
+                                                   str]:
+        with self._lock:
+            start = int(cursor)
+            return self._runtimes[start:], str(len(self._runtimes))
+
+    def _put_reservation(self, data: str | None) -> None:
+        self._reservation = data
+
+    def _get_reservation(self) -> str | None:
+        return self._reservation
 
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:

@@ -11,6 +11,9 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     alloc:{node}          HASH   GPU id -> owner ("job:attempt")
     reasons               HASH   job id -> JSON [code, message]
     logs:{job}:{attempt}  STREAM t (time), s ("out" or "err"), x (text)
+    usage                 HASH   team -> JSON [decayed GPU-seconds, as of time]
+    runtimes              STREAM s (JSON [team, name, GPUs, limit, runtime]) of finished jobs
+    reservation           STRING JSON of the reservation the last cycle made (EASY backfill)
 
 Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
 in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a
@@ -128,6 +131,26 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[i:i + size]
 
 
+# KEYS: usage hash. ARGV: team, GPU-seconds, now, half-life. Decay the team's total to now
+# and add, in one step, so concurrent reports never lose an increment.
+_ADD_USAGE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local value, at = 0, tonumber(ARGV[3])
+if raw then
+  local rec = cjson.decode(raw)
+  value, at = rec[1], rec[2]
+end
+local now = tonumber(ARGV[3])
+local age = now - at
+if age < 0 then age = 0 end
+value = value * math.pow(0.5, age / tonumber(ARGV[4])) + tonumber(ARGV[2])
+if now < at then now = at end
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode({value, now}))
+return 1
+"""
+RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
+
+
 class RedisStore(BaseStore):
     """The store on one Redis server (6.2 or later; not Redis Cluster: a script touches a job,
     its nodes and the indexes together)."""
@@ -154,6 +177,9 @@ class RedisStore(BaseStore):
         self._k_nodes, self._k_node_seq, self._k_reasons = (
             f"{p}nodes", f"{p}nodes:seq", f"{p}reasons")
         self._k_ver_pending, self._k_ver_active = f"{p}ver:pending", f"{p}ver:active"
+        self._k_usage, self._k_runtimes, self._k_reservation = (
+            f"{p}usage", f"{p}runtimes", f"{p}reservation")
+        self._usage_script = self.redis.register_script(_ADD_USAGE)
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
@@ -317,6 +343,46 @@ class RedisStore(BaseStore):
             return []
         raw = self.redis.hmget(self._k_reasons, list(job_ids))
         return [None if r is None else Reason(*json.loads(r)) for r in raw]
+
+    # -- fair-share usage, runtime samples, the reservation ----------------------------------
+
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
+        self._usage_script([self._k_usage], [team, repr(float(gpu_s)), repr(float(now)),
+                                             repr(float(half_life_s))])
+
+    def _read_usage(self) -> dict[str, tuple[float, float]]:
+        out = {}
+        for team, raw in self.redis.hgetall(self._k_usage).items():
+            value, at = json.loads(raw)
+            out[_str(team)] = (float(value), float(at))
+        return out
+
+    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
+        self.redis.xadd(self._k_runtimes, {"s": json.dumps(list(sample))},
+                        maxlen=RUNTIME_SAMPLES, approximate=True)
+
+    def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
+                                                   str]:
+        out: list[tuple[str, str, int, float, float]] = []
+        while True:
+            batch = self.redis.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0"
+                                      else "-", count=5000)
+            if not batch:
+                return out, cursor
+            for entry_id, fields_ in batch:
+                team, name, gpus, limit, ran = json.loads((fields_ or {})[b"s"])
+                out.append((team, name, int(gpus), float(limit), float(ran)))
+                cursor = _str(entry_id)
+
+    def _put_reservation(self, data: str | None) -> None:
+        if data is None:
+            self.redis.delete(self._k_reservation)
+        else:
+            self.redis.set(self._k_reservation, data)
+
+    def _get_reservation(self) -> str | None:
+        raw = self.redis.get(self._k_reservation)
+        return None if raw is None else _str(raw)
 
     # -- logs ----------------------------------------------------------------------------------
 

@@ -1,0 +1,97 @@
+"""EASY backfill (Lifka 1995; Mu'alem and Feitelson, IEEE TPDS 2001).
+
+The top blocked job gets a reservation: the earliest time enough GPUs of one model free up on
+enough nodes, given when running jobs are expected to end. A later job may start now only if
+it does not delay that reservation: it ends before the reservation starts (by its estimate), or
+it uses only GPUs the reserved job will not need (other nodes, or the reserved nodes' extra).
+A job that outruns its estimate is not killed: the next cycle recomputes the reservation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from broker.model import Allocation, Job
+from broker.plan import Reservation
+from policies.placement import FreeIndex, Kind, kind_of
+
+Profile = dict[str, dict[Kind, list[tuple[float, int]]]]  # node -> kind -> [(end, devices)]
+
+
+@dataclass
+class Shadow:
+    """A reservation being honoured during one cycle."""
+
+    reservation: Reservation
+    kind: Kind
+    cap: dict[str, int] = field(default_factory=dict)  # node -> devices long jobs may still use
+
+    def allows(self, now: float, estimate: float) -> bool:
+        """Does a job of this estimate end before the reservation starts?"""
+        return now + estimate <= self.reservation.start_at
+
+    def charge(self, allocs: Iterable[Allocation]) -> None:
+        """A job that outlives the reservation took devices on reserved nodes."""
+        for a in allocs:
+            if a.node_id in self.cap:
+                self.cap[a.node_id] -= len(a.gpu_ids)
+
+
+def release_profile(index: FreeIndex,
+                    running: Iterable[tuple[tuple[Allocation, ...], float]]) -> Profile:
+    """When each node's busy devices are expected back, by kind, soonest first."""
+    kinds: dict[str, dict[str, Kind]] = {
+        nid: {g.id: kind_of(g) for g in f.node.allocatable} for nid, f in index.nodes.items()}
+    acc: dict[str, dict[Kind, dict[float, int]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(int)))
+    for allocs, end in running:
+        for a in allocs:
+            node_kinds = kinds.get(a.node_id)
+            if node_kinds is None:
+                continue
+            for gid in a.gpu_ids:
+                kind = node_kinds.get(gid)
+                if kind is not None:
+                    acc[a.node_id][kind][end] += 1
+    return {nid: {k: sorted(ends.items()) for k, ends in per.items()}
+            for nid, per in acc.items()}
+
+
+def reserve(job: Job, index: FreeIndex, profile: Profile, now: float) -> Shadow | None:
+    """The earliest reservation for ``job``, or None if it can never be computed (jobs with
+    no limit and no estimate hold the GPUs it needs)."""
+    res = job.res
+    best: tuple[float, Kind, list[str]] | None = None
+    for kind in index.wanted(res):
+        ready: list[tuple[float, str]] = []
+        for nid, f in index.nodes.items():
+            if not index.fits_host(f, res, job.spec.sites):
+                continue
+            have = len(f.devices.get(kind, ()))
+            at = now if have >= res.gpus else math.inf
+            if at > now:
+                for end, count in profile.get(nid, {}).get(kind, ()):
+                    have += count
+                    if have >= res.gpus:
+                        at = max(now, end)
+                        break
+            if math.isfinite(at):
+                ready.append((at, nid))
+        if len(ready) < res.nodes:
+            continue
+        ready.sort()
+        start = ready[res.nodes - 1][0]
+        if best is None or start < best[0]:
+            best = (start, kind, [nid for _, nid in ready[: res.nodes]])
+    if best is None:
+        return None
+    start, kind, nodes = best
+    cap = {}
+    for nid in nodes:
+        free_then = len(index.nodes[nid].devices.get(kind, ())) + sum(
+            c for end, c in profile.get(nid, {}).get(kind, ()) if end <= start)
+        cap[nid] = max(0, free_then - res.gpus)
+    return Shadow(Reservation(job.id, start, tuple(nodes), kind[0]), kind, cap)
