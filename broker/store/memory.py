@@ -105,6 +105,12 @@ class MemoryStore(BaseStore):
                                       "all": self._order}[which]  # type: ignore[assignment]
             return sorted(src, key=lambda i: (self._order[i], i))
 
+    def _load_index(self, which: str) -> list[Job]:
+        """For a snapshot: in index order, unsorted (every order policy sorts anyway)."""
+        with self._lock:
+            src = self._pending if which == "pending" else self._active
+            return [self._jobs[i] for i in src]
+
     def _put_node(self, node: Node, lease_expires: float) -> None:
         with self._lock:
             self._nodes[node.id] = replace(node, lease_expires=lease_expires)

@@ -1,0 +1,260 @@
+"""Simulated clusters: a YAML file of node groups, priority classes, teams and policy settings.
+
+::
+
+    name: seed-160                 # optional; default: the file's name without .yaml
+    nodes:                         # required: one or more node groups
+      - {prefix: v100, count: 8, gpus: 8xV100-32GB, cpus: 64, memory_gb: 512}
+      - prefix: a100mig
+        count: 1
+        gpus:                      # or the worker's YAML inventory list, MIG layouts included
+          - {model: A100-80GB, count: 3}
+          - {model: A100-80GB, mig: [3g.40gb, 3g.40gb]}
+        labels: {rack: r1}         # optional
+    classes:                       # optional; default: DEFAULT_CLASSES
+      - {name: high, rank: 300, sla_s: 1800, may_preempt: true, preemptible: false}
+    teams:                         # optional; default: none (teams appear from the trace)
+      - {name: vision, weight: 2, quota_gpus: 8}
+    settings: {fairshare_half_life_s: 86400}   # optional, passed to the policies as is
+
+Each group makes ``count`` nodes with ids ``{prefix}-00``, ``{prefix}-01``, ...; site
+``onprem``, state READY, hostname = id. ``gpus`` is the worker's static-inventory text
+(``8xA100-80GB``, ``4xA100-80GB,2xT4``) or the list its YAML inventory file takes (see
+:func:`workers.discovery.inventory_from_data`). Errors raise
+:class:`~broker.errors.ConfigError` naming the file, the entry and key, what is wrong and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from broker.config import DEFAULT_CLASSES, PriorityClass, Team
+from broker.errors import ConfigError
+from broker.model import Gpu, Node, NodeState, parse_duration
+from workers.discovery import inventory_from_data, static_inventory
+
+TOP_KEYS = ("name", "nodes", "classes", "teams", "settings")
+NODE_KEYS = ("prefix", "count", "gpus", "cpus", "memory_gb", "labels")
+TEAM_KEYS = ("name", "weight", "quota_gpus")
+CLASS_KEYS = tuple(f.name for f in fields(PriorityClass))
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_COUNT = 10_000
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: tuple[Node, ...]
+    classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
+    teams: tuple[Team, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def capacity_gpus(self) -> int:
+        """Physical GPUs: a GPU split into MIG instances counts once."""
+        return sum(1 for n in self.nodes for g in n.gpus if g.mig_profile is None)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        """The most whole (not MIG-split) GPUs on one node: the largest job one node can run."""
+        return max((_whole(n) for n in self.nodes), default=0)
+
+    def team(self, name: str) -> Team | None:
+        return next((t for t in self.teams if t.name == name), None)
+
+
+def _whole(node: Node) -> int:
+    return sum(1 for g in node.gpus if g.mig_profile is None and not g.mig_enabled)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster file (see the module docstring). Raises ConfigError."""
+    p = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read cluster file {p}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cluster file {p} is not valid YAML: {e}") from None
+    return cluster_from_data(data, source=str(p), default_name=p.name.split(".")[0])
+
+
+def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "cluster"
+                      ) -> Cluster:
+    """Build a Cluster from parsed YAML (``source`` names it in error messages)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping with a 'nodes' list")
+    unknown = sorted(str(k) for k in data if k not in TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys {unknown}; allowed: {', '.join(TOP_KEYS)}")
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{source}: name: {name!r} must be a non-empty string")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ConfigError(f"{source}: nodes: is required, a non-empty list of node groups such "
+                          "as {prefix: a100, count: 4, gpus: 8xA100-80GB}")
+    nodes: list[Node] = []
+    owner: dict[str, int] = {}
+    for i, item in enumerate(raw_nodes):
+        for node in _node_group(item, f"{source}: nodes[{i}]"):
+            if node.id in owner:
+                raise ConfigError(f"{source}: nodes[{i}].prefix: node id {node.id!r} is "
+                                  f"already made by nodes[{owner[node.id]}]; use distinct "
+                                  "prefixes")
+            owner[node.id] = i
+            nodes.append(node)
+    classes = DEFAULT_CLASSES
+    if data.get("classes") is not None:
+        classes = _classes(data["classes"], f"{source}: classes")
+    teams = _teams(data.get("teams"), f"{source}: teams")
+    capacity = sum(1 for n in nodes for g in n.gpus if g.mig_profile is None)
+    quota = sum(t.quota_gpus for t in teams)
+    if quota > capacity:
+        raise ConfigError(f"{source}: teams: the quotas add up to {quota} GPUs, more than the "
+                          f"cluster's {capacity}; allowed: a total of at most {capacity}")
+    settings = data.get("settings") or {}
+    if not isinstance(settings, Mapping):
+        raise ConfigError(f"{source}: settings: must be a mapping of policy settings, e.g. "
+                          "{fairshare_half_life_s: 86400}")
+    return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
+                   settings=MappingProxyType(dict(settings)))
+
+
+def _node_group(item: Any, where: str) -> list[Node]:
+    if not isinstance(item, Mapping):
+        raise ConfigError(f"{where}: must be a mapping with {', '.join(NODE_KEYS)}")
+    unknown = sorted(str(k) for k in item if k not in NODE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {', '.join(NODE_KEYS)}")
+    prefix = item.get("prefix")
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ConfigError(f"{where}.prefix: {prefix!r} is not allowed; use letters, digits, "
+                          "'-', '_' or '.', starting with a letter or digit (e.g. a100)")
+    count = item.get("count", 1)
+    if not _is_int(count) or not 1 <= count <= MAX_COUNT:
+        raise ConfigError(f"{where}.count: {count!r} is not allowed; use a whole number "
+                          f"1..{MAX_COUNT}")
+    if "gpus" not in item:
+        raise ConfigError(f"{where}.gpus: is required: COUNTxMODEL text such as 8xA100-80GB, "
+                          "or an inventory list such as [{model: A100-80GB, count: 8}]")
+    cpus = _non_negative(item.get("cpus", 0), f"{where}.cpus", "a number of CPUs >= 0")
+    memory = _non_negative(item.get("memory_gb", 0), f"{where}.memory_gb", "GB >= 0")
+    labels = item.get("labels") or {}
+    if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in labels.items()):
+        raise ConfigError(f"{where}.labels: must be a mapping of names to text, e.g. "
+                          "{rack: r1}")
+    labels = {k: str(v) for k, v in labels.items()}
+    out = []
+    for k in range(count):
+        node_id = f"{prefix}-{k:02d}"
+        gpus = _gpus(item["gpus"], node_id, f"{where}.gpus")
+        out.append(Node(id=node_id, gpus=tuple(gpus), site="onprem", hostname=node_id,
+                        cpus=cpus, memory_gb=memory, labels=labels, state=NodeState.READY))
+    return out
+
+
+def _gpus(raw: Any, node_id: str, where: str) -> list[Gpu]:
+    try:
+        if isinstance(raw, str):
+            return static_inventory(raw, node_id)
+        if isinstance(raw, list):
+            return inventory_from_data({"gpus": raw}, node_id, source=where)
+    except ValueError as e:
+        text = str(e)
+        prefix = f"{where}: "
+        raise ConfigError(text if text.startswith(where) else prefix + text) from None
+    raise ConfigError(f"{where}: {raw!r} is not allowed; write COUNTxMODEL text such as "
+                      "8xA100-80GB, or a list such as [{model: A100-80GB, mig: [3g.40gb]}]")
+
+
+def _non_negative(value: Any, where: str, allowed: str) -> float:
+    if not _is_number(value) or value < 0:
+        raise ConfigError(f"{where}: {value!r} is not allowed; use {allowed}")
+    return float(value)
+
+
+def _classes(raw: Any, where: str) -> tuple[PriorityClass, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: must be a non-empty list of {{name, rank, sla_s, ...}}")
+    out: list[PriorityClass] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(CLASS_KEYS)}")
+        unknown = sorted(str(k) for k in item if k not in CLASS_KEYS)
+        if unknown:
+            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(CLASS_KEYS)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+        if any(c.name == name for c in out):
+            raise ConfigError(f"{at}.name: {name!r} repeats an earlier class; names must be "
+                              "unique")
+        rank = item.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise ConfigError(f"{at}.rank: {rank!r} must be a whole number (higher runs first)")
+        sla = item.get("sla_s", 3600.0)
+        try:
+            sla_s = parse_duration(sla) if isinstance(sla, (str, int, float)) else -1.0
+        except ValueError:
+            sla_s = -1.0
+        if isinstance(sla, bool) or not sla_s > 0:
+            raise ConfigError(f"{at}.sla_s: {sla!r} is not allowed; use seconds > 0 or a "
+                              "duration such as 30m or 4h")
+        flags: dict[str, bool] = {}
+        for key in ("may_preempt", "preemptible", "may_burst", "spot_allowed"):
+            if key in item:
+                if not isinstance(item[key], bool):
+                    raise ConfigError(f"{at}.{key}: {item[key]!r} must be true or false")
+                flags[key] = item[key]
+        out.append(PriorityClass(name=name, rank=rank, sla_s=float(sla_s), **flags))
+    return tuple(out)
+
+
+def _teams(raw: Any, where: str) -> tuple[Team, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus}}")
+    out: list[Team] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(TEAM_KEYS)}")
+        unknown = sorted(str(k) for k in item if k not in TEAM_KEYS)
+        if unknown:
+            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(TEAM_KEYS)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+        if any(t.name == name for t in out):
+            raise ConfigError(f"{at}.name: team {name!r} is listed twice; names must be unique")
+        weight = item.get("weight", 1.0)
+        if not _is_number(weight) or weight <= 0:
+            raise ConfigError(f"{at}.weight: {weight!r} is not allowed; use a number > 0")
+        quota = item.get("quota_gpus", 0)
+        if not _is_int(quota) or quota < 0:
+            raise ConfigError(f"{at}.quota_gpus: {quota!r} is not allowed; use a whole number "
+                              ">= 0")
+        out.append(Team(name=name, weight=float(weight), quota_gpus=quota))
+    return tuple(out)

@@ -1,0 +1,239 @@
+"""The simulator: a virtual clock, simulated nodes and the production cycle.
+
+Events (arrivals, job ends, evicted jobs stopping) are kept in a heap. At each instant the
+simulator applies the events to a :class:`MemoryStore`, exactly as the agents' reports would,
+then runs one scheduling cycle (``store.snapshot`` -> ``run_cycle`` -> ``store.apply``) with
+the chosen policy, and tells the store that the started jobs are running. Nothing about
+scheduling is simulated: it is the same code that runs in production.
+
+Simulated jobs checkpoint when asked to stop (they are given a ``checkpoint_dir``), so a
+preempted job resumes where it was; the GPU time between SIGTERM and exit counts as lost. A
+job's runtime in the trace holds on the GPU model given by its ``gpu_type`` and is converted
+to the model it gets with the speed table (``policies/speed.py``); a job without one runs as
+long on any model. A job that would outrun its time limit is stopped at the limit (FAILED).
+
+An invariant checker runs after every cycle (see :mod:`broker.sim.invariants`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from broker.config import Config
+from broker.model import Job, JobSpec
+from broker.plan import Plan
+from broker.scheduler import run_cycle
+from broker.sim.cluster import Cluster
+from broker.sim.invariants import InvariantChecker
+from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
+from broker.state import JobState
+from broker.store.events import STOPPED, Exited, Started
+from broker.store.memory import MemoryStore
+from policies.placement import FreeIndex
+from policies.registry import PolicySet
+from policies.speed import convert_runtime
+
+ARRIVE, END, STOP = 0, 1, 2  # event kinds; at one instant ends are applied before arrivals
+_LEASE = 1e15
+
+
+@dataclass
+class _Run:
+    """A simulated process: one attempt of one job."""
+
+    attempt: int
+    started: float
+    end_at: float
+    rate: float  # work (trace seconds) done per second on these GPUs
+    killed: bool  # ends at its time limit, not on its own
+    gpus: int
+
+
+class Simulation:
+    def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
+                 *, config: Config | None = None, stop_delay_s: float = 30.0,
+                 check_invariants: bool = True) -> None:
+        self.cluster, self.trace = cluster, trace
+        self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
+        base = config or Config()
+        self.config = replace(base, classes=cluster.classes, teams=cluster.teams,
+                              policy_settings={**base.policy_settings, **cluster.settings})
+        self.store = MemoryStore(self.config)
+        self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
+        self.checker = InvariantChecker(self.store) if check_invariants else None
+        self.sla = {c.name: c.sla_s for c in cluster.classes}
+        self.records: dict[str, JobRecord] = {}
+        self.samples: list[Sample] = []
+        self.runs: dict[str, _Run] = {}
+        self.work_left: dict[str, float] = {}  # trace seconds still to run
+        self.trace_jobs: dict[str, TraceJob] = {}
+        self._events: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.busy = 0
+        self.queued_jobs = 0
+        self.queued_gpus = 0
+        self.cycles = 0
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, job_id: str, attempt: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, job_id, attempt))
+
+    def _spec(self, tj: TraceJob) -> JobSpec:
+        return JobSpec(command=["sim", tj.id], name=tj.name, gpus=tj.gpus, nodes=tj.nodes,
+                       gpu_types=(tj.gpu_type,) if tj.gpu_type else (), cpus=0.0,
+                       priority=tj.priority, team=tj.team, time_limit=tj.time_limit_s,
+                       checkpoint_dir="/checkpoints", sites=("onprem",))
+
+    def _load(self) -> None:
+        for node in self.cluster.nodes:
+            self.store.heartbeat(node, _LEASE, 0.0)
+        empty = FreeIndex(self.cluster.nodes)
+        for tj in self.trace.jobs:
+            spec = self._spec(tj)
+            rec = JobRecord(tj.id, tj.team, tj.priority, tj.total_gpus, tj.submit_s,
+                            tj.duration_s, self.sla.get(tj.priority, math.inf))
+            self.records[tj.id] = rec
+            if not empty.feasible_ever(spec.resources):
+                rec.infeasible = True  # never submitted: it could not run on this cluster
+                continue
+            self.trace_jobs[tj.id] = tj
+            self.work_left[tj.id] = tj.duration_s
+            self._push(tj.submit_s, ARRIVE, tj.id)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        self._load()
+        events = self._events
+        while events:
+            now = events[0][0]
+            arrivals: list[str] = []
+            while events and events[0][0] == now:
+                _, kind, _, job_id, attempt = heapq.heappop(events)
+                if kind == ARRIVE:
+                    arrivals.append(job_id)
+                elif kind == END:
+                    self._end(job_id, attempt, now)
+                else:
+                    self._stopped(job_id, attempt, now)
+            if arrivals:
+                self._arrive(arrivals, now)
+            self._cycle(now)
+        wall = time.perf_counter() - t0
+        from broker.sim.metrics import compute_metrics
+
+        result = SimResult(self.policy.name, self.cluster.capacity_gpus,
+                           list(self.records.values()), self.samples,
+                           meta={"trace": self.trace.name, "cluster": self.cluster.name,
+                                 "jobs_in_trace": len(self.trace.jobs),
+                                 "notes": list(self.trace.notes), "cycles": self.cycles})
+        violations = self.checker.violations if self.checker else []
+        result.metrics = compute_metrics(result, wall, len(violations), extra={
+            "invariant_examples": violations[:10]})
+        return result
+
+    def _arrive(self, job_ids: list[str], now: float) -> None:
+        specs = [self._spec(self.trace_jobs[i]) for i in job_ids]
+        self.store.submit_many(specs, now, job_ids)
+        self.queued_jobs += len(job_ids)
+        self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
+
+    def _cycle(self, now: float) -> None:
+        if self.queued_jobs == 0 and not self._has_stopping():
+            self._sample(now)
+            return
+        snap = self.store.snapshot(now)
+        plan: Plan = run_cycle(snap, self.policy, now)
+        self.cycles += 1
+        applied = self.store.apply(plan, now)
+        for job in applied.started:
+            self._started(job, now)
+        for job in applied.stopping:
+            run = self.runs.get(job.id)
+            if run is not None and run.attempt == job.attempt:
+                self._push(now + self.stop_delay_s, STOP, job.id, job.attempt)
+        if self.checker is not None:
+            self.checker.after_cycle(now, plan, applied)
+        self._sample(now)
+
+    def _has_stopping(self) -> bool:
+        return False
+
+    def _started(self, job: Job, now: float) -> None:
+        self.store.report(job.id, job.attempt, Started(0), now)
+        tj = self.trace_jobs[job.id]
+        model = self._model_of(job)
+        on_model = convert_runtime(tj.duration_s, tj.gpu_type, model)
+        rate = tj.duration_s / on_model if on_model > 0 else 1.0
+        need = self.work_left[job.id] / rate
+        limit = tj.time_limit_s
+        killed = need > limit
+        end = now + (limit if killed else need)
+        self.runs[job.id] = _Run(job.attempt, now, end, rate, killed, job.res.total_gpus)
+        self._push(end, END, job.id, job.attempt)
+        rec = self.records[job.id]
+        if rec.first_start_s is None:
+            rec.first_start_s = now
+        self.busy += job.res.total_gpus
+        self.queued_jobs -= 1
+        self.queued_gpus -= job.res.total_gpus
+
+    def _model_of(self, job: Job) -> str:
+        node = self.store._nodes[job.allocations[0].node_id]
+        gid = job.allocations[0].gpu_ids[0] if job.allocations[0].gpu_ids else None
+        return next((g.model for g in node.gpus if g.id == gid), node.gpus[0].model)
+
+    def _end(self, job_id: str, attempt: int, now: float) -> None:
+        run = self.runs.get(job_id)
+        if run is None or run.attempt != attempt or run.end_at != now:
+            return  # this attempt was preempted and has already gone
+        del self.runs[job_id]
+        code, why = (1, "TimeLimit") if run.killed else (0, "Exited")
+        job = self.store.get(job_id)
+        for a in job.allocations:
+            job = self.store.report(job_id, attempt, Exited(a.rank, code, why), now)
+        if self.checker is not None:
+            self.checker.check_finished(now, job)
+        self.busy -= run.gpus
+        rec = self.records[job_id]
+        rec.end_s = now
+        self.work_left[job_id] = 0.0
+
+    def _stopped(self, job_id: str, attempt: int, now: float) -> None:
+        """An evicted job has checkpointed and exits; the store requeues it."""
+        run = self.runs.pop(job_id, None)
+        if run is None or run.attempt != attempt:
+            return
+        job = self.store.get(job_id)
+        sigterm = next((h.time for h in reversed(job.history)
+                        if h.state is JobState.STOPPING), now)
+        done = (sigterm - run.started) * run.rate
+        self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)
+        for a in job.allocations:
+            self.store.report(job_id, attempt, Exited(a.rank, 0, STOPPED), now)
+        self.busy -= run.gpus
+        rec = self.records[job_id]
+        rec.preemptions += 1
+        rec.lost_gpu_s += run.gpus * (now - sigterm)
+        self.queued_jobs += 1
+        self.queued_gpus += run.gpus
+
+    def _sample(self, now: float) -> None:
+        s = Sample(now, self.busy, self.queued_jobs, self.queued_gpus)
+        if self.samples and self.samples[-1].t == now:
+            self.samples[-1] = s
+        elif not self.samples or (self.samples[-1].busy_gpus, self.samples[-1].queued_jobs,
+                                  self.samples[-1].queued_gpus) != (s.busy_gpus, s.queued_jobs,
+                                                                    s.queued_gpus):
+            self.samples.append(s)
+
+
+def simulate(cluster: Cluster, trace: Trace, policy: str, **kw: Any) -> SimResult:
+    return Simulation(cluster, trace, policy, **kw).run()

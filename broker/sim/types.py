@@ -1,0 +1,74 @@
+"""Plain records the simulator passes between its parts (trace -> engine -> metrics -> report)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of a workload trace, after time limits, classes and load scaling are applied."""
+
+    id: str  # stable and unique within the trace, e.g. "philly-000123"
+    submit_s: float  # seconds since the trace's start (after --load-scale)
+    duration_s: float  # actual runtime, on ``gpu_type`` if given, else on any GPU
+    gpus: int  # GPUs per node
+    nodes: int  # > 1: a gang across nodes
+    team: str
+    priority: str  # a class name
+    time_limit_s: float  # the user's limit (given, or derived: always >= duration_s)
+    gpu_type: str | None = None  # the model the duration was measured on; also pins the job
+    preemptible: bool | None = None  # None: as its class says
+    name: str | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus * self.nodes
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str  # "philly" or the file's path
+    origin: float  # epoch seconds of submit_s == 0 (the first kept job's original submit time)
+    jobs: tuple[TraceJob, ...]  # sorted by (submit_s, id)
+    notes: tuple[str, ...] = ()  # what was derived: limits, classes, splits, the window
+
+
+@dataclass
+class JobRecord:
+    """How one job fared in a simulation."""
+
+    id: str
+    team: str
+    priority: str
+    gpus: int  # total GPUs (gpus per node x nodes)
+    submit_s: float
+    duration_s: float  # the runtime it needed (on the GPUs it got)
+    sla_s: float  # its class's SLA
+    first_start_s: float | None = None  # None: never started (infeasible or unfinished)
+    end_s: float | None = None
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0  # GPU-seconds of work thrown away by preemptions
+    infeasible: bool = False  # could never fit the cluster
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The cluster at time ``t`` (one sample per change)."""
+
+    t: float
+    busy_gpus: int
+    queued_jobs: int  # feasible jobs waiting
+    queued_gpus: int
+
+
+@dataclass
+class SimResult:
+    policy: str
+    capacity_gpus: int
+    records: list[JobRecord]
+    samples: list[Sample]
+    metrics: dict[str, Any] = field(default_factory=dict)  # what --json writes
+    meta: Mapping[str, Any] = field(default_factory=dict)  # trace name, window, load scale
