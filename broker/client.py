@@ -31,7 +31,6 @@ from broker.config import Config, load_config
 from broker.control import STATS, trigger_cycle
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
-from broker.plan import Snapshot
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
 from broker.store.base import BaseStore, LogLine
@@ -73,9 +72,17 @@ class Explanation:
     placement: tuple[Allocation, ...] = ()
     exit_code: int | None = None
     history: tuple[HistoryEntry, ...] = ()  # the last few entries
+    policy: str = ""  # the policy bundle that orders the queue
+    estimate_s: float | None = None  # runtime the scheduler expects (predictor or limit)
+    fairshare: float | None = None  # the team's fair-share factor (1: no recent usage)
+    reservation: Mapping[str, Any] | None = None  # the reservation it holds, if any
+    blocked_by: Mapping[str, Any] | None = None  # the reservation that holds it back
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "policy": self.policy, "estimate_s": self.estimate_s, "fairshare": self.fairshare,
+            "reservation": dict(self.reservation) if self.reservation else None,
+            "blocked_by": dict(self.blocked_by) if self.blocked_by else None,
             "job_id": self.job_id, "name": self.name, "state": self.state.value,
             "team": self.team, "priority": self.priority, "rank": self.rank,
             "sla_s": self.sla_s, "attempt": self.attempt, "waited_s": round(self.waited_s, 3),
@@ -314,9 +321,10 @@ class Client:
             end = started if started is not None else (job.finished_at or now)
             waited = max(0.0, end - queued_at)
         position = total = None
+        extra: dict[str, Any] = {"policy": self.config.policy}
         if job.state is JobState.PENDING:
             reason = self.store.explain(job_id) or job.pending_reason or self._no_reason(now)
-            position, total = self._position(job)
+            position, total, extra = self._position(job, now)
         else:
             reason = _state_reason(job, now)
         return Explanation(
@@ -325,7 +333,7 @@ class Client:
             sla_breached=job.state is JobState.PENDING and waited > sla,
             reason_code=reason.code, message=reason.message, position=position,
             pending_total=total, placement=job.allocations, exit_code=job.exit_code,
-            history=job.history[-8:],
+            history=job.history[-8:], **extra,
         )
 
     def _no_reason(self, now: float) -> Reason:
@@ -340,14 +348,32 @@ class Client:
         return Reason("NotScheduledYet", "submitted moments ago; the next scheduling cycle "
                                          "will consider it")
 
-    def _position(self, job: Job) -> tuple[int | None, int]:
+    def _position(self, job: Job, now: float) -> tuple[int | None, int, dict[str, Any]]:
+        """Replay the cycle, read-only, on the current state: the job's place in the queue,
+        its estimate, its team's fair share and the reservation it holds or waits behind."""
+        from broker.scheduler import run_cycle
+        from policies.fairshare import fairshare_factors
         from policies.registry import PolicySet
 
-        pending = self.store.list_jobs({JobState.PENDING})
-        snap = Snapshot(time.time(), tuple(pending), (), (), {}, self.config.classes)
-        ordered = PolicySet().resolve("order")(snap, pending)
-        ids = [j.id for j in ordered]
-        return (ids.index(job.id) + 1 if job.id in ids else None), len(ids)
+        policy = PolicySet.named(self.config.policy)
+        snap = self.store.snapshot(now)
+        plan = run_cycle(snap, policy, now)
+        ids = list(plan.order)
+        extra: dict[str, Any] = {"policy": policy.name}
+        target = next((j for j in snap.pending if j.id == job.id), job)
+        if policy.estimate == "predictor" and snap.predictor is not None:
+            est = snap.predictor.estimate(target)
+        else:
+            est = target.spec.time_limit or float("inf")
+        extra["estimate_s"] = est if est != float("inf") else None
+        extra["fairshare"] = round(fairshare_factors(snap).get(job.team, 1.0), 4)
+        res = plan.reservation
+        if res is not None:
+            if res.job_id == job.id:
+                extra["reservation"] = res.to_dict()
+            elif plan.pending.get(job.id, Reason("", "")).code == "Reservation":
+                extra["blocked_by"] = res.to_dict()
+        return (ids.index(job.id) + 1 if job.id in ids else None), len(ids), extra
 
     # -- nodes -----------------------------------------------------------------------------------
 

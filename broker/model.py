@@ -366,6 +366,11 @@ class Job:
         """``spec.resources``, computed once per record (the cycle asks often)."""
         return self.spec.resources
 
+    @cached_property
+    def kind_key(self) -> str:
+        """What makes jobs alike for runtime prediction: the name, else the command."""
+        return self.spec.name or self.spec.display_command
+
     @property
     def team(self) -> str:
         return self.spec.team or "default"
@@ -529,7 +534,7 @@ class Node:
             incarnation=d.get("incarnation", ""),
         )
 
-    @property
+    @cached_property
     def allocatable(self) -> tuple[Gpu, ...]:
         """Devices a job can hold: whole GPUs not split by MIG, and MIG instances."""
         return tuple(g for g in self.gpus if not g.mig_enabled)

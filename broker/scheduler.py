@@ -23,7 +23,7 @@ from policies import ordering as _ordering  # noqa: F401  (registers the built-i
 from policies import placement as _placement  # noqa: F401
 from policies.backfill import Shadow, release_profile, reserve
 from policies.fairshare import gpus_in_use
-from policies.placement import FreeIndex, Kind, kind_of
+from policies.placement import FreeIndex, Kind
 from policies.predictor import expected_end
 from policies.preemption import Victim, choose, make_victims, victim_key
 from policies.registry import PolicySet
@@ -203,9 +203,7 @@ class _Cycle:
                       <= quota.get(j.team, 0)][:MAX_PREEMPTORS]
         if not preemptors:
             return ()
-        kinds: dict[str, dict[str, Kind]] = {
-            nid: {g.id: kind_of(g) for g in f.node.allocatable}
-            for nid, f in self.index.nodes.items()}
+        kinds = self.index.kinds_by_gpu
         soon = self._soon_free(kinds)
         preemptible = {c.name for c in snap.classes if c.preemptible}
         pool = [j for j in snap.active

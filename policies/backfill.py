@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from broker.model import Allocation, Job
 from broker.plan import Reservation
-from policies.placement import FreeIndex, Kind, kind_of
+from policies.placement import FreeIndex, Kind
 
 Profile = dict[str, dict[Kind, list[tuple[float, int]]]]  # node -> kind -> [(end, devices)]
 
@@ -43,8 +43,7 @@ class Shadow:
 def release_profile(index: FreeIndex,
                     running: Iterable[tuple[tuple[Allocation, ...], float]]) -> Profile:
     """When each node's busy devices are expected back, by kind, soonest first."""
-    kinds: dict[str, dict[str, Kind]] = {
-        nid: {g.id: kind_of(g) for g in f.node.allocatable} for nid, f in index.nodes.items()}
+    kinds = index.kinds_by_gpu
     acc: dict[str, dict[Kind, dict[float, int]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(int)))
     for allocs, end in running:

@@ -43,8 +43,7 @@ SLURM_DEFAULTS = {"weight_age": 1000.0, "max_age_s": 14 * 86400.0, "weight_fairs
 
 
 def multifactor_priority(snapshot: Snapshot, job: Job, fs: dict[str, float],
-                         cluster_gpus: int) -> float:
-    s = {**SLURM_DEFAULTS, **snapshot.settings.get("slurm", {})}
+                         cluster_gpus: int, s: dict[str, float]) -> float:
     age = min(1.0, max(0.0, snapshot.now - job.submitted_at) / s["max_age_s"])
     size = min(1.0, job.res.total_gpus / max(1, cluster_gpus))
     return (s["weight_age"] * age + s["weight_fairshare"] * fs.get(job.team, 1.0)
@@ -61,8 +60,9 @@ def multifactor(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     rank = _ranks(snapshot)
     fs = fairshare_factors(snapshot)
     total = cluster_gpus(snapshot)
+    s = {**SLURM_DEFAULTS, **snapshot.settings.get("slurm", {})}
     return sorted(jobs, key=lambda j: (rank.get(j.priority, 0),
-                                       -multifactor_priority(snapshot, j, fs, total),
+                                       -multifactor_priority(snapshot, j, fs, total, s),
                                        j.submitted_at, j.id))
 
 
@@ -73,10 +73,10 @@ SPILLWAY_DEFAULTS = {
 }
 
 
-def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float) -> float:
+def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
+                   s: dict[str, float]) -> float:
     """Expected slowdown if started now, ``(wait + estimate) / estimate``, scaled by fair
     share. Short jobs rise fast, long jobs rise too and are never passed over for ever."""
-    s = {**SPILLWAY_DEFAULTS, **snapshot.settings.get("spillway", {})}
     wait = max(0.0, snapshot.now - job.submitted_at)
     if wait >= s["starve_after_s"]:
         return 1e9 + wait  # starving: strictly by age, ahead of everything in its class
@@ -93,6 +93,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     fs = fairshare_factors(snapshot)
     pred = snapshot.predictor
     holder = snapshot.reservation.job_id if snapshot.reservation else None
+    s = {**SPILLWAY_DEFAULTS, **snapshot.settings.get("spillway", {})}
 
     def est(j: Job) -> float:
         if pred is not None:
@@ -100,7 +101,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
         return j.spec.time_limit or math.inf
 
     return sorted(jobs, key=lambda j: (rank.get(j.priority, 0), j.id != holder,
-                                       -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0)),
+                                       -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0), s),
                                        j.submitted_at, j.id))
 
 

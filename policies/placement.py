@@ -64,14 +64,17 @@ class FreeIndex:
         self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
             lambda: defaultdict(dict))
         self.free_devices = 0  # free devices of every kind on ready nodes
+        self.kinds_by_gpu: dict[str, dict[str, Kind]] = {}  # node -> GPU id -> kind
         for node in nodes:
             held = allocated.get(node.id, {})
             per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
             totals: dict[Kind, int] = defaultdict(int)
+            gpu_kinds = self.kinds_by_gpu[node.id] = {}
             for gpu in node.allocatable:
-                totals[kind_of(gpu)] += 1
+                kind = gpu_kinds[gpu.id] = kind_of(gpu)
+                totals[kind] += 1
                 if gpu.id not in held:
-                    per_kind[kind_of(gpu)].append(gpu)
+                    per_kind[kind].append(gpu)
             for k, n in totals.items():
                 self.total[k].append(n)
             if node.state is not NodeState.READY:

@@ -42,7 +42,9 @@ class RuntimePredictor:
         self.default_s = default_s
         self._groups: dict[Key, _Group] = {}
         self.observed = 0
+        self._memo: dict[str, tuple[int, float]] = {}  # job id -> (observed then, estimate)
 
+    REFRESH = 32  # a job's estimate is recomputed after this many new observations
     @staticmethod
     def keys(team: str, name: str | None, gpus: int, limit: float | None) -> tuple[Key, ...]:
         """From the most to the least specific group."""
@@ -51,9 +53,8 @@ class RuntimePredictor:
 
     @staticmethod
     def job_keys(job: Job) -> tuple[Key, ...]:
-        spec = job.spec
-        name = spec.name or spec.display_command
-        return RuntimePredictor.keys(job.team, name, spec.resources.total_gpus, spec.time_limit)
+        return RuntimePredictor.keys(job.team, job.kind_key, job.res.total_gpus,
+                                     job.spec.time_limit)
 
     def observe(self, keys: tuple[Key, ...], runtime_s: float) -> None:
         """Record the runtime of a job that finished on its own (not cancelled or killed)."""
@@ -78,8 +79,16 @@ class RuntimePredictor:
         return min(cap, self.default_s)
 
     def estimate(self, job: Job) -> float:
-        """Total runtime estimate of a job, in seconds (inf: unknown and unbounded)."""
-        return self.predict(self.job_keys(job), job.spec.time_limit)
+        """Total runtime estimate of a job, in seconds (inf: unknown and unbounded).
+        Memoised per job until ``REFRESH`` more runtimes have been observed."""
+        memo = self._memo.get(job.id)
+        if memo is not None and self.observed - memo[0] < self.REFRESH:
+            return memo[1]
+        est = self.predict(self.job_keys(job), job.spec.time_limit)
+        if len(self._memo) > 200_000:
+            self._memo.clear()
+        self._memo[job.id] = (self.observed, est)
+        return est
 
 
 def expected_end(job: Job, estimate: float, now: float) -> float:

@@ -153,6 +153,15 @@ def explanation_panel(e: Explanation) -> Group:
         grid.add_row("queue position", f"{e.position} of {e.pending_total} pending "
                                        "(scheduling order)")
     grid.add_row("why", f"[bold]{escape(e.reason_code)}[/]: {escape(e.message)}")
+    if e.estimate_s is not None:
+        grid.add_row("expected runtime", f"{fmt_duration(e.estimate_s)} ({e.policy} policy)")
+    if e.fairshare is not None:
+        grid.add_row("team fair share", f"{e.fairshare:.3f} (1 = no recent usage; "
+                                        "0.5 = used exactly its share)")
+    for label, res in (("reservation", e.reservation), ("blocked by", e.blocked_by)):
+        if res:
+            grid.add_row(label, f"{res['job_id']}: {res['model']} on "
+                                f"{', '.join(res['node_ids'])} from {_when(res['start_at'])}")
     if e.placement:
         grid.add_row("placement", "; ".join(f"{a.node_id}[{','.join(a.gpu_ids)}]"
                                             for a in e.placement))

@@ -74,6 +74,12 @@ class Simulation:
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.busy = 0
+        self.devices = sum(len(n.allocatable) for n in cluster.nodes)
+        may = {c.name for c in cluster.classes if c.may_preempt}
+        quota = {t.name for t in cluster.teams if t.quota_gpus}
+        self._can_preempt = (lambda tj: tj.priority in may or tj.team in quota) \
+            if self.policy.preempt != "none" else (lambda tj: False)
+        self.preemptors = 0  # pending jobs that may preempt
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -144,9 +150,12 @@ class Simulation:
         self.store.submit_many(specs, now, job_ids)
         self.queued_jobs += len(job_ids)
         self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
+        self.preemptors += sum(1 for i in job_ids if self._can_preempt(self.trace_jobs[i]))
 
     def _cycle(self, now: float) -> None:
-        if self.queued_jobs == 0 and not self._has_stopping():
+        """Run a cycle unless it could not change anything: nothing waits, or every device is
+        busy and no waiting job may preempt (production would plan the same: no start)."""
+        if self.queued_jobs == 0 or (self.busy >= self.devices and not self.preemptors):
             self._sample(now)
             return
         snap = self.store.snapshot(now)
@@ -162,9 +171,6 @@ class Simulation:
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
         self._sample(now)
-
-    def _has_stopping(self) -> bool:
-        return False
 
     def _started(self, job: Job, now: float) -> None:
         self.store.report(job.id, job.attempt, Started(0), now)
@@ -184,6 +190,7 @@ class Simulation:
         self.busy += job.res.total_gpus
         self.queued_jobs -= 1
         self.queued_gpus -= job.res.total_gpus
+        self.preemptors -= self._can_preempt(tj)
 
     def _model_of(self, job: Job) -> str:
         node = self.store._nodes[job.allocations[0].node_id]
@@ -224,6 +231,7 @@ class Simulation:
         rec.lost_gpu_s += run.gpus * (now - sigterm)
         self.queued_jobs += 1
         self.queued_gpus += run.gpus
+        self.preemptors += self._can_preempt(self.trace_jobs[job_id])
 
     def _sample(self, now: float) -> None:
         s = Sample(now, self.busy, self.queued_jobs, self.queued_gpus)
