@@ -144,7 +144,11 @@ class _Cycle:
     def _reserve(self, job: Job) -> Shadow | None:
         running = [(j.allocations, self._end_of(j)) for j in self.snap.active]
         running += [(s.allocations, end) for s, (_, end) in zip(self.starts, self.started)]
-        return reserve(job, self.index, release_profile(self.index, running), self.now)
+        shadow = reserve(job, self.index, release_profile(self.index, running), self.now)
+        relax = float(self.snap.settings.get(self.policies.name, {}).get("backfill_relax", 0.0))
+        if shadow is not None and relax > 0:
+            shadow.slack_s = relax * max(0.0, self.now - job.submitted_at)
+        return shadow
 
     def _end_of(self, job: Job) -> float:
         if job.state is JobState.STOPPING:

@@ -28,10 +28,11 @@ class Shadow:
     reservation: Reservation
     kind: Kind
     cap: dict[str, int] = field(default_factory=dict)  # node -> devices long jobs may still use
+    slack_s: float = 0.0  # relaxed backfill: how late a backfilled job may end past the start
 
     def allows(self, now: float, estimate: float) -> bool:
-        """Does a job of this estimate end before the reservation starts?"""
-        return now + estimate <= self.reservation.start_at
+        """Does a job of this estimate end before the reservation starts (plus the slack)?"""
+        return now + estimate <= self.reservation.start_at + self.slack_s
 
     def charge(self, allocs: Iterable[Allocation]) -> None:
         """A job that outlives the reservation took devices on reserved nodes."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from broker.model import Job
 from broker.plan import Snapshot
@@ -66,30 +67,37 @@ def multifactor(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
                                        j.submitted_at, j.id))
 
 
-SPILLWAY_DEFAULTS = {
+SPILLWAY_DEFAULTS: dict[str, Any] = {
     "min_estimate_s": 600.0,  # an estimate below this counts as this (bounds the slowdown)
-    "fairshare_weight": 1.0,  # how strongly fair share scales the score
-    "starve_after_s": 2 * 86400.0,  # a job waiting longer is served oldest first
+    "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
+    "starve_after_s": 3 * 86400.0,  # a job waiting longer is served oldest first
+    "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this
+    "class_weight": {"normal": 2.0, "low": 1.0},  # score weight of the classes that share
+    "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
 }
 
 
 def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
-                   s: dict[str, float]) -> float:
-    """Expected slowdown if started now, ``(wait + estimate) / estimate``, scaled by fair
-    share. Short jobs rise fast, long jobs rise too and are never passed over for ever."""
+                   s: dict[str, Any]) -> float:
+    """Expected slowdown if started now, ``(wait + estimate) / estimate``, weighted by class
+    and fair share. Short jobs rise fast; long jobs rise too, and a job that has waited
+    ``starve_after_s`` goes ahead of every non-starving job of its tier, oldest first."""
     wait = max(0.0, snapshot.now - job.submitted_at)
     if wait >= s["starve_after_s"]:
-        return 1e9 + wait  # starving: strictly by age, ahead of everything in its class
+        return 1e12 + wait
     est = max(s["min_estimate_s"], estimate if math.isfinite(estimate) else 7 * 86400.0)
-    est *= job.res.total_gpus ** 0.5
-    return (wait + est) / est * (0.5 + fs) ** s["fairshare_weight"]
+    est *= job.res.total_gpus ** s["size_exponent"]
+    weight = s["class_weight"].get(job.priority, 1.0)
+    return (wait + est) / est * weight * (0.5 + fs) ** s["fairshare_weight"]
 
 
 @register("order", "spillway")
 def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
-    """Class first; within a class the job holding the reservation, then the highest
-    fair-share-weighted expected slowdown (estimates from the runtime predictor)."""
-    rank = _ranks(snapshot)
+    """Two tiers: the classes that may preempt (urgent by definition: minutes of SLA), highest
+    rank first; then every other class in one queue. Within a tier, the job holding the
+    reservation first (it holds from cycle to cycle), then the highest weighted expected
+    slowdown (estimates from the runtime predictor), then submit time and id."""
+    urgent = {c.name: -c.rank for c in snapshot.classes if c.may_preempt}
     fs = fairshare_factors(snapshot)
     pred = snapshot.predictor
     holder = snapshot.reservation.job_id if snapshot.reservation else None
@@ -100,8 +108,9 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
             return pred.estimate(j)
         return j.spec.time_limit or math.inf
 
-    return sorted(jobs, key=lambda j: (rank.get(j.priority, 0), j.id != holder,
-                                       -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0), s),
+    return sorted(jobs, key=lambda j: (urgent.get(j.priority, 0), j.id != holder,
+                                       -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0),
+                                                       s),
                                        j.submitted_at, j.id))
 
 

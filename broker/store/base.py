@@ -50,7 +50,8 @@ class BaseStore(ABC):
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self._last_reasons: dict[str, Reason] = {}
-        self._predictor = RuntimePredictor()
+        self._predictor = RuntimePredictor(
+            quantile=float(self.config.policy_settings.get("predictor_quantile", 0.9)))
         self._runtime_cursor = "0"
         self._last_reservation: str | None = ""
 
