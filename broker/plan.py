@@ -14,7 +14,7 @@ from broker.model import Allocation, Job, Node, Reason
 class Estimator(Protocol):
     """Predicts runtimes from finished jobs (policies/predictor.py). Read-only in a cycle."""
 
-    def estimate(self, job: Job) -> float: ...
+    def estimate(self, job: Job, quantile: float | None = None) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,17 @@ class Reservation:
     start_at: float
     node_ids: tuple[str, ...]
     model: str  # the GPU model reserved
+    scavengers: tuple[str, ...] = ()  # preemptible jobs let into its GPUs until it starts
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "start_at": self.start_at,
-                "node_ids": list(self.node_ids), "model": self.model}
+                "node_ids": list(self.node_ids), "model": self.model,
+                "scavengers": list(self.scavengers)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Reservation:
-        return cls(str(d["job_id"]), float(d["start_at"]), tuple(d["node_ids"]), str(d["model"]))
+        return cls(str(d["job_id"]), float(d["start_at"]), tuple(d["node_ids"]), str(d["model"]),
+                   tuple(d.get("scavengers", ())))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 
 from broker.model import Job, Reason, Resources
 from broker.plan import Plan, Preempt, Snapshot, Start
@@ -68,6 +69,15 @@ class _Cycle:
         self.shadow: Shadow | None = None
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
+        self._scavengers: set[str] = set()
+        self.preemptible = {c.name for c in snap.classes if c.preemptible}
+        self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
+        if policies.place == "aligned":
+            self.horizon = {}
+            for j in snap.active:
+                end = self._end_of(j)
+                for a in j.allocations:
+                    self.horizon[a.node_id] = max(self.horizon.get(a.node_id, now), end)
 
     # -- estimates -------------------------------------------------------------------------
 
@@ -91,7 +101,7 @@ class _Cycle:
         head_blocked = False
         for pos, job in enumerate(queue):
             if self.index.free_devices == 0:
-                self._rest_full(queue[pos:], head_blocked or strict)
+                self._rest_full(queue[pos:], head_blocked)
                 break
             if head_blocked and strict:
                 self.pending[job.id] = _FIFO
@@ -125,16 +135,45 @@ class _Cycle:
             failed[shape] = self.pending[job.id] = self._blocked_reason(job, long)
         preemptions = self._preempt() if self.policies.preempt != "none" else ()  # 5
         return Plan(starts=tuple(self.starts), preemptions=preemptions, pending=self.pending,
-                    reservation=self.shadow.reservation if self.shadow else None,
+                    reservation=replace(self.shadow.reservation,
+                                        scavengers=tuple(self.shadow.scavengers))
+                    if self.shadow else None,
                     order=tuple(j.id for j in queue))  # 8
 
+    def _scavenge(self, job: Job) -> tuple | None:  # type: ignore[type-arg]
+        """A long job may use the reserved GPUs if it checkpoints and may be preempted: it is
+        evicted when the reservation is due (never sooner than the minimum runtime)."""
+        sh = self.shadow
+        if (sh is None or not self.policies.scavenge or job.priority not in self.preemptible
+                or job.spec.checkpoint_dir is None
+                or sh.reservation.start_at - self.now < self.snap.min_runtime_s):
+            return None
+        allocs = self.index.find(job.res, job.spec.sites, horizon=self.horizon,
+                                 end=self.now + min(self.estimate(job), 1e9))
+        if allocs is not None and any(a.node_id in sh.cap for a in allocs):
+            sh.scavengers.append(job.id)
+        return allocs
+
     def _place(self, job: Job, long: bool) -> tuple | None:  # type: ignore[type-arg]
+        end = self.now + min(self.estimate(job), 1e9)
+        if self.shadow is not None and not long and self.policies.place == "aligned":
+            # packing around the reservation: a job that ends before it starts goes first
+            # into the reserved nodes' idle GPUs, keeping the other nodes for longer jobs
+            inside = self.index.find(job.res, job.spec.sites,
+                                     only=self.shadow.reservation.node_ids)
+            if inside is not None:
+                return inside
         if self.shadow is None or not long:
-            return self.place(self.index, job)  # type: ignore[no-any-return]
-        return self.index.find(job.res, job.spec.sites, self.shadow.cap, self.shadow.kind)
+            return self.place(self.index, job, self.horizon, end)  # type: ignore[no-any-return]
+        return self.index.find(job.res, job.spec.sites, self.shadow.cap, self.shadow.kind,
+                               self.horizon, end) or self._scavenge(job)
 
     def _start(self, job: Job, allocs: tuple, long: bool) -> None:  # type: ignore[type-arg]
         self.index.take(allocs, job.res)
+        if self.horizon is not None:
+            end = self.now + min(self.estimate(job), 1e9)
+            for a in allocs:
+                self.horizon[a.node_id] = max(self.horizon.get(a.node_id, self.now), end)
         if long and self.shadow is not None:
             self.shadow.charge(allocs)
         self.starts.append(Start(job.id, job.attempt, job.version, allocs))
@@ -142,9 +181,17 @@ class _Cycle:
         self.started.append((job, self.now + est))
 
     def _reserve(self, job: Job) -> Shadow | None:
-        running = [(j.allocations, self._end_of(j)) for j in self.snap.active]
+        prev = self.snap.reservation
+        active_ids = {j.id for j in self.snap.active}
+        kept = [i for i in prev.scavengers if i in active_ids] \
+            if prev is not None and prev.job_id == job.id else []
+        self._scavengers = set(kept)
+        running = [(j.allocations, self.now if j.id in self._scavengers else self._end_of(j))
+                   for j in self.snap.active]
         running += [(s.allocations, end) for s, (_, end) in zip(self.starts, self.started)]
         shadow = reserve(job, self.index, release_profile(self.index, running), self.now)
+        if shadow is not None:
+            shadow.scavengers = kept
         relax = float(self.snap.settings.get(self.policies.name, {}).get("backfill_relax", 0.0))
         if shadow is not None and relax > 0:
             shadow.slack_s = relax * max(0.0, self.now - job.submitted_at)
@@ -156,19 +203,27 @@ class _Cycle:
         return expected_end(job, self.estimate(job), self.now)
 
     def _rest_full(self, rest: list[Job], head_done: bool) -> None:
-        """Nothing is free: the rest of the queue waits (cheap, for long queues). The first
-        feasible job still gets its reservation, so that it holds from cycle to cycle."""
+        """No GPU is free: the rest of the queue waits (cheap, for long queues). The first
+        feasible job still gets its reservation, so that it holds from cycle to cycle; a job
+        that needs no GPU may still start (under strict order only at the head)."""
+        strict = self.policies.backfill == "none"
         for job in rest:
-            if self.index.feasible_ever(job.res):
-                if not head_done:
-                    head_done = True
-                    self.shadow = self._reserve(job)
-                    self.pending[job.id] = self._head_reason(job.res)
-                else:
-                    self.pending[job.id] = _FULL
-                self.blocked.append(job)
-            else:
+            if not self.index.feasible_ever(job.res):
                 self.pending[job.id] = _infeasible(job.res)
+                continue
+            if job.res.gpus == 0 and not (strict and head_done):
+                allocs = self.place(self.index, job, self.horizon, self.now)
+                if allocs is not None:
+                    self._start(job, allocs, False)
+                    continue
+            if not head_done:
+                head_done = True
+                if not strict:
+                    self.shadow = self._reserve(job)
+                self.pending[job.id] = self._head_reason(job.res)
+            else:
+                self.pending[job.id] = _FIFO if strict else _FULL
+            self.blocked.append(job)
 
     # -- reasons ---------------------------------------------------------------------------
 
@@ -197,7 +252,35 @@ class _Cycle:
 
     # -- preemption ------------------------------------------------------------------------
 
+    def _evict_scavengers(self) -> list[Preempt]:
+        """The reservation is due: evict the jobs let into its GPUs, as few as make room."""
+        sh = self.shadow
+        if sh is None or sh.reservation.start_at > self.now or not sh.scavengers:
+            return []
+        holder = next((j for j in self.blocked if j.id == sh.reservation.job_id), None)
+        if holder is None:
+            return []
+        kinds = self.index.kinds_by_gpu
+        soon = self._soon_free(kinds)
+        if self._fits(holder, soon):
+            return []
+        ids = set(sh.scavengers)
+        pool = [j for j in self.snap.active if j.id in ids and j.state is not JobState.STOPPING]
+        victims = make_victims(pool, kinds, lambda j: victim_key(
+            j, self.rank.get(j.priority, 0), self.now, self.snap.grace_s))
+        chosen = choose(holder, self.index, soon, victims, lambda v: True)
+        if not chosen:
+            return []
+        self.pending[holder.id] = Reason("Resources", "its reservation is due: evicting "
+                                         f"{len(chosen)} job(s) that used its GPUs meanwhile")
+        return [Preempt(v.job.id, v.job.attempt, f"backfill window closed: the reservation of "
+                        f"{holder.id} is due", self.snap.grace_s) for v in chosen]
+
     def _preempt(self) -> tuple[Preempt, ...]:
+        early = self._evict_scavengers()
+        return tuple(early) + self._preempt_for_class({p.job_id for p in early})
+
+    def _preempt_for_class(self, taken: set[str]) -> tuple[Preempt, ...]:
         snap, now = self.snap, self.now
         quota = {t.name: t.quota_gpus for t in snap.teams if t.quota_gpus}
         in_use = gpus_in_use(snap) if quota else {}
@@ -216,7 +299,6 @@ class _Cycle:
         victims = make_victims(pool, kinds, lambda j: victim_key(
             j, self.rank.get(j.priority, 0), now, snap.grace_s))
         out: list[Preempt] = []
-        taken: set[str] = set()
         for job in preemptors:
             if self._fits(job, soon):  # room is already being made for it
                 self._claim(job, soon)

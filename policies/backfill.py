@@ -29,6 +29,7 @@ class Shadow:
     kind: Kind
     cap: dict[str, int] = field(default_factory=dict)  # node -> devices long jobs may still use
     slack_s: float = 0.0  # relaxed backfill: how late a backfilled job may end past the start
+    scavengers: list[str] = field(default_factory=list)  # evicted when the reservation is due
 
     def allows(self, now: float, estimate: float) -> bool:
         """Does a job of this estimate end before the reservation starts (plus the slack)?"""

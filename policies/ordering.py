@@ -1,7 +1,8 @@
 """Queue order: who is considered first in a cycle.
 
-Every order puts higher class ranks first (like Slurm partitions' PriorityTier), except
-``fifo``, the strict first-come-first-served baseline, which ignores classes altogether.
+``priority-fifo`` and ``multifactor`` (slurm-like) put higher class ranks first, like Slurm
+partitions' PriorityTier; ``fifo`` (the fcfs baseline) ignores classes altogether; ``spillway``
+puts the classes that may preempt first and lets the others share one queue (see its docstring).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from broker.model import Job
 from broker.plan import Snapshot
-from policies.fairshare import fairshare_factors
+from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
 
@@ -68,13 +69,30 @@ def multifactor(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
 
 SPILLWAY_DEFAULTS: dict[str, Any] = {
-    "min_estimate_s": 600.0,  # an estimate below this counts as this (bounds the slowdown)
-    "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
-    "starve_after_s": 3 * 86400.0,  # a job waiting longer is served oldest first
+    "min_estimate_s": 60.0,  # an estimate below this counts as this (bounds the slowdown)
+    "order_quantile": 0.5,  # rank by the predicted median runtime (backfill uses the p90)
     "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this
-    "class_weight": {"normal": 2.0, "low": 1.0},  # score weight of the classes that share
+    "runtime_exponent": 1.0,  # < 1 ages long jobs relatively faster
+    "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
+    "fairshare_tier": 0.7,  # teams whose fair-share factor is at least this go first (0: off)
+    "share_tier": 0.25,  # so do teams holding less than this x their share of the GPUs now
+    "starve_after_s": 7 * 86400.0,  # a job waiting longer is served oldest first
+    "class_weight": {},  # score weight per class in the shared tier (default 1)
     "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
 }
+
+
+def entitled_gpus(snapshot: Snapshot) -> tuple[dict[str, float], dict[str, int]]:
+    """Each team's weighted share of the cluster's GPUs, among the teams that want GPUs now
+    (running or waiting), and the GPUs each holds (max-min fairness, as in Kueue's fair
+    sharing or YARN's fair scheduler)."""
+    used = gpus_in_use(snapshot)
+    teams = set(used) | {j.team for j in snapshot.pending}
+    weight = {t: snapshot.team_by_name[t].weight if t in snapshot.team_by_name else 1.0
+              for t in teams}
+    total = sum(weight.values()) or 1.0
+    gpus = cluster_gpus(snapshot)
+    return {t: gpus * w / total for t, w in weight.items()}, used
 
 
 def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
@@ -86,29 +104,48 @@ def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
     if wait >= s["starve_after_s"]:
         return 1e12 + wait
     est = max(s["min_estimate_s"], estimate if math.isfinite(estimate) else 7 * 86400.0)
-    est *= job.res.total_gpus ** s["size_exponent"]
+    est = est ** s["runtime_exponent"] * job.res.total_gpus ** s["size_exponent"]
     weight = s["class_weight"].get(job.priority, 1.0)
-    return (wait + est) / est * weight * (0.5 + fs) ** s["fairshare_weight"]
+    return (1.0 + wait / est) * weight * (0.5 + fs) ** s["fairshare_weight"]
 
 
 @register("order", "spillway")
 def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
-    """Two tiers: the classes that may preempt (urgent by definition: minutes of SLA), highest
-    rank first; then every other class in one queue. Within a tier, the job holding the
-    reservation first (it holds from cycle to cycle), then the highest weighted expected
-    slowdown (estimates from the runtime predictor), then submit time and id."""
+    """Spillway's order, from first to last deciding key:
+
+    1. the classes that may preempt (urgent by definition: minutes of SLA), highest rank first;
+       every other class shares one queue;
+    2. the job holding the reservation (it holds from cycle to cycle, so a wide job's drain is
+       never wasted by a newcomer taking its place);
+    3. teams that are owed service: a fair-share factor of at least ``fairshare_tier``, or
+       fewer GPUs held now than ``share_tier`` x their weighted share of the cluster;
+    4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
+       runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
+       smallest jobs go first, and every job's priority keeps rising while it waits; a job
+       that waited ``starve_after_s`` goes ahead of its tier, oldest first;
+    5. submit time, then id."""
     urgent = {c.name: -c.rank for c in snapshot.classes if c.may_preempt}
     fs = fairshare_factors(snapshot)
     pred = snapshot.predictor
     holder = snapshot.reservation.job_id if snapshot.reservation else None
     s = {**SPILLWAY_DEFAULTS, **snapshot.settings.get("spillway", {})}
+    share, used = entitled_gpus(snapshot) if s["share_tier"] else ({}, {})
+
+    q = s["order_quantile"]
 
     def est(j: Job) -> float:
         if pred is not None:
-            return pred.estimate(j)
+            return pred.estimate(j, q)
         return j.spec.time_limit or math.inf
 
-    return sorted(jobs, key=lambda j: (urgent.get(j.priority, 0), j.id != holder,
+    fs_tier = s["fairshare_tier"]
+
+    def over(j: Job) -> bool:  # False sorts first: the team is below its share
+        if fs_tier and fs.get(j.team, 1.0) >= fs_tier:
+            return False
+        return bool(share) and used.get(j.team, 0) >= s["share_tier"] * share.get(j.team, 0)
+
+    return sorted(jobs, key=lambda j: (urgent.get(j.priority, 0), j.id != holder, over(j),
                                        -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0),
                                                        s),
                                        j.submitted_at, j.id))

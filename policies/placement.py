@@ -8,7 +8,7 @@ Best fit: the node left with the fewest free devices of that kind after placing 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from broker.gpus import type_matches
@@ -117,16 +117,22 @@ class FreeIndex:
         return ok
 
     def find(self, res: Resources, sites: tuple[str, ...],
-             cap: Mapping[str, int] | None = None,
-             cap_kind: Kind | None = None) -> tuple[Allocation, ...] | None:
+             cap: Mapping[str, int] | None = None, cap_kind: Kind | None = None,
+             horizon: Mapping[str, float] | None = None, end: float = 0.0,
+             only: Collection[str] | None = None) -> tuple[Allocation, ...] | None:
         """Best-fit placement for ``res``, or None. Does not change the index.
 
         ``cap`` limits how many ``cap_kind`` devices may be used on some nodes (those a
         reservation needs later): backfill passes it for jobs that would outlive the reservation.
+        ``horizon`` (node -> when its last running job is expected to end) turns on end-aligned
+        packing: among the tightest candidates, prefer the node whose busy horizon the job, ending
+        at ``end``, extends least. Long jobs then gather on the same nodes and the others free up
+        whole, so reservations for wide jobs drain fewer GPUs. ``only`` restricts the nodes.
         """
-        best: tuple[int, Kind, list[str]] | None = None
+        best: tuple[tuple[float, int], Kind, list[str]] | None = None
         for kind in self.wanted(res) if res.gpus else [None]:  # type: ignore[list-item]
-            chosen = self._tightest(kind, res, sites, cap if kind == cap_kind else None)
+            chosen = self._tightest(kind, res, sites, cap if kind == cap_kind else None,
+                                    horizon, end, only)
             if chosen is not None and (best is None or chosen[0] < best[0]):
                 best = (chosen[0], kind, chosen[1])  # type: ignore[assignment]
         if best is None:
@@ -138,28 +144,39 @@ class FreeIndex:
             for rank, nid in enumerate(node_ids)
         )
 
+    ALIGN_CANDIDATES = 32  # nodes weighed by end-aligned packing (the tightest first)
+
     def _tightest(self, kind: Kind | None, res: Resources, sites: tuple[str, ...],
-                  cap: Mapping[str, int] | None = None) -> tuple[int, list[str]] | None:
-        picked: list[str] = []
-        leftover = 0
+                  cap: Mapping[str, int] | None = None,
+                  horizon: Mapping[str, float] | None = None, end: float = 0.0,
+                  only: Collection[str] | None = None
+                  ) -> tuple[tuple[float, int], list[str]] | None:
+        picked: list[tuple[float, int, str]] = []  # (extension, leftover, node)
         if kind is None:  # a CPU-only job: any ready node with room
-            for nid, f in self.nodes.items():
-                if self.fits_host(f, res, sites):
-                    picked.append(nid)
-                    if len(picked) == res.nodes:
-                        return 0, picked
-            return None
+            nids = [nid for nid, f in self.nodes.items() if self.fits_host(f, res, sites)]
+            return ((0.0, 0), nids[: res.nodes]) if len(nids) >= res.nodes else None
         buckets = self._buckets.get(kind, {})
+        want = res.nodes if horizon is None else max(res.nodes, self.ALIGN_CANDIDATES)
         for count in sorted(c for c in buckets if c >= res.gpus):
             for nid in buckets[count]:
                 if cap is not None and cap.get(nid, count) < res.gpus:
                     continue
+                if only is not None and nid not in only:
+                    continue
                 if self.fits_host(self.nodes[nid], res, sites):
-                    picked.append(nid)
-                    leftover += count - res.gpus
-                    if len(picked) == res.nodes:
-                        return leftover, picked
-        return None
+                    ext = 0.0 if horizon is None else max(0.0, end - horizon.get(nid, 0.0))
+                    picked.append((ext, count - res.gpus, nid))
+                    if len(picked) >= want:
+                        break
+            if len(picked) >= want:
+                break
+        if len(picked) < res.nodes:
+            return None
+        if horizon is not None:
+            picked.sort()
+        chosen = picked[: res.nodes]
+        return ((sum(c[0] for c in chosen), sum(c[1] for c in chosen)),
+                [c[2] for c in chosen])
 
     @staticmethod
     def fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:
@@ -186,6 +203,17 @@ class FreeIndex:
 
 
 @register("place", "best-fit")
-def best_fit(index: FreeIndex, job: Job) -> tuple[Allocation, ...] | None:
-    """Place all of a job's GPUs on one node (or on ``nodes`` nodes at once, a gang)."""
-    return index.find(job.spec.resources, job.spec.sites)
+def best_fit(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = None,
+             end: float = 0.0) -> tuple[Allocation, ...] | None:
+    """Place all of a job's GPUs on one node (or on ``nodes`` nodes at once, a gang), on the
+    nodes left with the fewest free devices."""
+    del horizon, end
+    return index.find(job.res, job.spec.sites)
+
+
+@register("place", "aligned")
+def aligned(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = None,
+            end: float = 0.0) -> tuple[Allocation, ...] | None:
+    """Best fit among the tightest nodes, preferring the node whose busy horizon the job
+    extends least (end-aligned packing)."""
+    return index.find(job.res, job.spec.sites, horizon=horizon or {}, end=end)

@@ -69,25 +69,29 @@ class RuntimePredictor:
                 old = g.recent.popleft()
                 del g.sorted[bisect.bisect_left(g.sorted, old)]
 
-    def predict(self, keys: tuple[Key, ...], limit: float | None) -> float:
+    def predict(self, keys: tuple[Key, ...], limit: float | None,
+                quantile: float | None = None) -> float:
         cap = limit if limit else math.inf
+        q = self.quantile if quantile is None else quantile
         for key in keys:
             g = self._groups.get(key)
             if g is not None and len(g.sorted) >= self.min_samples:
                 s = g.sorted
-                return min(cap, s[min(len(s) - 1, int(self.quantile * len(s)))])
+                return min(cap, s[min(len(s) - 1, int(q * len(s)))])
         return min(cap, self.default_s)
 
-    def estimate(self, job: Job) -> float:
-        """Total runtime estimate of a job, in seconds (inf: unknown and unbounded).
+    def estimate(self, job: Job, quantile: float | None = None) -> float:
+        """Total runtime estimate of a job, in seconds (inf: unknown and unbounded): the
+        predictor's quantile (for backfill) or another (the median, to rank the queue).
         Memoised per job until ``REFRESH`` more runtimes have been observed."""
-        memo = self._memo.get(job.id)
+        memo_key = job.id if quantile is None else f"{job.id}@{quantile}"
+        memo = self._memo.get(memo_key)
         if memo is not None and self.observed - memo[0] < self.REFRESH:
             return memo[1]
-        est = self.predict(self.job_keys(job), job.spec.time_limit)
-        if len(self._memo) > 200_000:
+        est = self.predict(self.job_keys(job), job.spec.time_limit, quantile)
+        if len(self._memo) > 400_000:
             self._memo.clear()
-        self._memo[job.id] = (self.observed, est)
+        self._memo[memo_key] = (self.observed, est)
         return est
 
 

@@ -36,9 +36,10 @@ class Victim:
 def victim_key(job: Job, rank: int, now: float,
                grace_s: float) -> tuple[bool, float, int, float, str]:
     checkpointable = job.spec.checkpoint_dir is not None
-    elapsed = max(0.0, now - (job.started_at or now))
+    start = job.started_at if job.started_at is not None else now
+    elapsed = max(0.0, now - start)
     lost = job.res.total_gpus * (min(elapsed, grace_s) if checkpointable else elapsed)
-    return (not checkpointable, lost, rank, -(job.started_at or now), job.id)
+    return (not checkpointable, lost, rank, -start, job.id)
 
 
 def make_victims(jobs: Iterable[Job], kinds: dict[str, dict[str, Kind]],
@@ -92,7 +93,7 @@ def choose(job: Job, index: FreeIndex, soon_free: dict[str, dict[Kind, int]],
             per_node.append((cost, nid, chosen))
         if len(per_node) < res.nodes:
             continue
-        per_node.sort(key=lambda t: (t[0], t[1]))
+        per_node.sort(key=lambda t: (t[0], sorted(v.key for v in t[2]), t[1]))
         picked = per_node[: res.nodes]
         union: dict[str, Victim] = {}
         for _, _, vs in picked:

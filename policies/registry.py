@@ -46,6 +46,9 @@ class PolicySet:
     ``preempt``: ``none`` or ``priority`` (a class that may preempt evicts lower-ranked
     preemptible jobs; a team below its guaranteed quota reclaims it from borrowers).
     ``estimate``: runtimes for backfill come from the time ``limit`` or the ``predictor``.
+    ``scavenge``: a job that would outlive the reservation may still use the reserved GPUs if
+    it is preemptible and checkpoints; it is evicted (SIGTERM, grace, requeue) when the
+    reservation is due, so the reservation holds and its GPUs do not sit idle while it drains.
     """
 
     order: str = "priority-fifo"
@@ -54,6 +57,7 @@ class PolicySet:
     backfill: str = "easy"
     preempt: str = "priority"
     estimate: str = "limit"
+    scavenge: bool = False  # let checkpointable preemptible jobs into a reservation's GPUs
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -83,6 +87,7 @@ BUNDLES: dict[str, PolicySet] = {
                             estimate="limit", name="slurm-like"),
     # expected-slowdown order with fair share, held reservations, predicted runtimes,
     # class preemption and quota reclaim
-    "spillway": PolicySet(order="spillway", backfill="easy", preempt="priority",
-                          estimate="predictor", name="spillway"),
+    "spillway": PolicySet(order="spillway", place="aligned", backfill="easy",
+                          preempt="priority", estimate="predictor", scavenge=True,
+                          name="spillway"),
 }
