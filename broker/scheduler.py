@@ -23,7 +23,7 @@ from broker.state import JobState
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
 from policies.backfill import Shadow, release_profile, reserve
-from policies.fairshare import gpus_in_use
+from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.placement import FreeIndex, Kind
 from policies.predictor import expected_end
 from policies.preemption import Victim, choose, make_victims, victim_key
@@ -70,6 +70,7 @@ class _Cycle:
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
         self._scavengers: set[str] = set()
+        self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
         if policies.place == "aligned":
@@ -227,6 +228,12 @@ class _Cycle:
 
     # -- reasons ---------------------------------------------------------------------------
 
+    def _fairshare(self) -> dict[str, float]:
+        if self._fs is None:
+            self._fs = fairshare_factors(self.snap) if self.policies.order in (
+                "spillway", "multifactor") else {}
+        return self._fs
+
     def _head_reason(self, res: Resources) -> Reason:
         what = f"{res.gpus} GPU(s) of {_types(res)}" + (
             f" on {res.nodes} nodes" if res.nodes > 1 else "")
@@ -246,6 +253,10 @@ class _Cycle:
                           f"would fit now but would delay the reservation of "
                           f"{self.shadow.reservation.job_id} (its estimate ends after "
                           f"{_dur(self.shadow.reservation.start_at - self.now)})")
+        if self._fairshare().get(job.team, 1.0) < 0.5:
+            return Reason("FairShare", f"team {job.team} used more than its share lately; "
+                                       f"waiting behind other teams' jobs for {res.gpus} GPU(s) "
+                                       f"of {_types(res)}")
         return Reason("Priority", f"waiting behind higher-ranked jobs for {res.gpus} GPU(s) of "
                                   f"{_types(res)}" + (f" on {res.nodes} nodes"
                                                       if res.nodes > 1 else ""))

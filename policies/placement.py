@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from broker.gpus import type_matches
 from broker.model import Allocation, Gpu, Job, Node, NodeState, Resources
 from policies.registry import register
+from policies.speed import speed_of
 
 Kind = tuple[str, "str | None"]  # (GPU model, MIG profile or None for a whole GPU)
 
@@ -129,12 +130,17 @@ class FreeIndex:
         at ``end``, extends least. Long jobs then gather on the same nodes and the others free up
         whole, so reservations for wide jobs drain fewer GPUs. ``only`` restricts the nodes.
         """
-        best: tuple[tuple[float, int], Kind, list[str]] | None = None
+        best: tuple[tuple[float, ...], Kind, list[str]] | None = None
         for kind in self.wanted(res) if res.gpus else [None]:  # type: ignore[list-item]
             chosen = self._tightest(kind, res, sites, cap if kind == cap_kind else None,
                                     horizon, end, only)
-            if chosen is not None and (best is None or chosen[0] < best[0]):
-                best = (chosen[0], kind, chosen[1])  # type: ignore[assignment]
+            if chosen is None:
+                continue
+            # end-aligned packing also means finishing soonest: the fastest model first
+            cost = chosen[0] if horizon is None or kind is None else (
+                -speed_of(kind[0]), *chosen[0])
+            if best is None or cost < best[0]:
+                best = (cost, kind, chosen[1])  # type: ignore[assignment]
         if best is None:
             return None
         _, kind, node_ids = best
@@ -214,6 +220,7 @@ def best_fit(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = N
 @register("place", "aligned")
 def aligned(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = None,
             end: float = 0.0) -> tuple[Allocation, ...] | None:
-    """Best fit among the tightest nodes, preferring the node whose busy horizon the job
+    """Where the job finishes soonest: the fastest allowed GPU model with room (the speed table,
+    policies/speed.py), then, among its tightest nodes, the node whose busy horizon the job
     extends least (end-aligned packing)."""
     return index.find(job.res, job.spec.sites, horizon=horizon or {}, end=end)
