@@ -76,7 +76,8 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
     "fairshare_tier": 0.7,  # teams whose fair-share factor is at least this go first (0: off)
     "share_tier": 0.25,  # so do teams holding less than this x their share of the GPUs now
-    "starve_after_s": 7 * 86400.0,  # a job waiting longer is served oldest first
+    "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
+    # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
     "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
 }
@@ -101,7 +102,7 @@ def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
     and fair share. Short jobs rise fast; long jobs rise too, and a job that has waited
     ``starve_after_s`` goes ahead of every non-starving job of its tier, oldest first."""
     wait = max(0.0, snapshot.now - job.submitted_at)
-    if wait >= s["starve_after_s"]:
+    if 0 < s["starve_after_s"] <= wait:
         return 1e12 + wait
     est = max(s["min_estimate_s"], estimate if math.isfinite(estimate) else 7 * 86400.0)
     est = est ** s["runtime_exponent"] * job.res.total_gpus ** s["size_exponent"]
@@ -121,8 +122,9 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        fewer GPUs held now than ``share_tier`` x their weighted share of the cluster;
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
        runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
-       smallest jobs go first, and every job's priority keeps rising while it waits; a job
-       that waited ``starve_after_s`` goes ahead of its tier, oldest first;
+       smallest jobs go first, and every job's priority keeps rising while it waits (with
+       ``starve_after_s`` set, a job that waited that long goes ahead of its tier, oldest
+       first);
     5. submit time, then id."""
     urgent = {c.name: -c.rank for c in snapshot.classes if c.may_preempt}
     fs = fairshare_factors(snapshot)

@@ -10,7 +10,7 @@ from broker.config import Team
 from broker.model import Job
 from broker.plan import Reservation, Snapshot
 from broker.scheduler import run_cycle  # also registers the built-in policies
-from policies.ordering import SLURM_DEFAULTS, SPILLWAY_DEFAULTS
+from policies.ordering import SLURM_DEFAULTS
 from policies.registry import PolicySet, lookup
 from tests.builders import job, node, snapshot
 
@@ -64,10 +64,10 @@ def test_class_rank_first(order: str, want: list[str], shuffle: bool) -> None:
 def test_spillway_urgent_classes_first_by_rank(shuffle: bool) -> None:
     """The classes that may preempt (critical, high) come first, by rank, ahead of even a
     starving job; normal and low share the tier after them."""
-    starving = mk("starving", "normal", ago=SPILLWAY_DEFAULTS["starve_after_s"] + DAY)
+    starving = mk("starving", "normal", ago=4 * DAY)
     jobs = [*CLASSES, starving]
     jobs = list(reversed(jobs)) if shuffle else jobs
-    got = ordered("spillway", jobs)
+    got = ordered("spillway", jobs, settings={"spillway": {"starve_after_s": 3 * DAY}})
     assert got[:3] == ["crit", "hi", "starving"]
     assert sorted(got[3:]) == ["lo", "nrm"]
 
@@ -126,7 +126,8 @@ def test_slurm_defaults_are_the_documented_weights() -> None:
 # -- spillway ------------------------------------------------------------------------------------
 
 HELD = Reservation("long", NOW + 3600, ("a",), "A100-80GB")
-STARVE = SPILLWAY_DEFAULTS["starve_after_s"]
+STARVE = 3 * 86400.0
+STARVING = {"settings": {"spillway": {"starve_after_s": STARVE}}}
 
 # (jobs, snapshot overrides, expected order)
 SPILLWAY = {
@@ -161,13 +162,17 @@ SPILLWAY = {
         {}, ["long", "short"]),
     "starving jobs go oldest first": (
         [mk("young_short", ago=STARVE + DAY / 2, limit=600),
-         mk("old_long", ago=STARVE + DAY, limit=86400)], {}, ["old_long", "young_short"]),
+         mk("old_long", ago=STARVE + DAY, limit=86400)], STARVING, ["old_long", "young_short"]),
     "starving jobs go oldest first, whatever their class weight": (
         [mk("young_nrm", ago=STARVE + DAY / 2, limit=600),
-         mk("old_low", "low", ago=STARVE + DAY, limit=86400)], {}, ["old_low", "young_nrm"]),
+         mk("old_low", "low", ago=STARVE + DAY, limit=86400)], STARVING,
+        ["old_low", "young_nrm"]),
     "a starving job passes every non-starving one": (
         [mk("fresh_short", ago=3600, limit=60), mk("starving", ago=STARVE + 1, limit=7 * DAY)],
-        {}, ["starving", "fresh_short"]),
+        STARVING, ["starving", "fresh_short"]),
+    "no starvation guard by default: the score alone": (
+        [mk("fresh_short", ago=3600, limit=60), mk("old", ago=STARVE + 1, limit=7 * DAY)],
+        {}, ["fresh_short", "old"]),
     "starve_after_s is a setting": (
         [mk("young_short", ago=DAY, limit=600), mk("old_long", ago=2 * DAY, limit=86400)],
         {"settings": {"spillway": {"starve_after_s": 1.5 * DAY}}}, ["old_long", "young_short"]),
