@@ -357,7 +357,7 @@ class Client:
 
         policy = PolicySet.named(self.config.policy)
         snap = self.store.snapshot(now)
-        plan = run_cycle(snap, policy, now)
+        plan = run_cycle(snap, policy, now, explain=True)
         ids = list(plan.order)
         extra: dict[str, Any] = {"policy": policy.name}
         target = next((j for j in snap.pending if j.id == job.id), job)

@@ -50,9 +50,11 @@ def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
 
 
 def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
-              now: float | None = None) -> Plan:
-    """One scheduling pass over a snapshot (see the module docstring for the phases)."""
-    return _Cycle(snapshot, policies or PolicySet(), snapshot.now if now is None else now).run()
+              now: float | None = None, explain: bool = False) -> Plan:
+    """One scheduling pass over a snapshot (see the module docstring for the phases).
+    ``explain`` also returns the ranked queue (``Plan.order``), for ``spillway explain``."""
+    cycle = _Cycle(snapshot, policies or PolicySet(), snapshot.now if now is None else now)
+    return cycle.run(explain)
 
 
 class _Cycle:
@@ -95,7 +97,7 @@ class _Cycle:
 
     # -- phases ----------------------------------------------------------------------------
 
-    def run(self) -> Plan:
+    def run(self, explain: bool = False) -> Plan:
         queue: list[Job] = self.order(self.snap, self.snap.pending)  # 1
         strict = self.policies.backfill == "none"
         failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
@@ -104,9 +106,11 @@ class _Cycle:
             if self.index.free_devices == 0:
                 self._rest_full(queue[pos:], head_blocked)
                 break
-            if head_blocked and strict:
-                self.pending[job.id] = _FIFO
-                continue
+            if head_blocked and strict:  # everyone behind a blocked head waits
+                self.pending.update((j.id, _FIFO) if self.index.feasible_ever(j.res)
+                                    else (j.id, _infeasible(j.res)) for j in queue[pos:])
+                self.blocked.extend(queue[pos:])
+                break
             refusal = self.admit(self.snap, job)  # 2
             if refusal is not None:
                 self.pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
@@ -139,7 +143,7 @@ class _Cycle:
                     reservation=replace(self.shadow.reservation,
                                         scavengers=tuple(self.shadow.scavengers))
                     if self.shadow else None,
-                    order=tuple(j.id for j in queue))  # 8
+                    order=tuple(j.id for j in queue) if explain else ())  # 8
 
     def _scavenge(self, job: Job) -> tuple | None:  # type: ignore[type-arg]
         """A long job may use the reserved GPUs if it checkpoints and may be preempted: it is

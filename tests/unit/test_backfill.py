@@ -228,8 +228,11 @@ def test_overrun_pushes_the_reservation_later_cycle_after_cycle() -> None:
 def test_plan_carries_the_reservation_and_the_order() -> None:
     pending = [job("c", 1, submitted=3, time_limit=50), job("head", 8, submitted=1),
                job("b", 2, submitted=2, time_limit=9000)]
-    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]), EASY)
+    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]), EASY,
+                     explain=True)
     assert plan.order == ("head", "b", "c")
+    assert run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]),
+                     EASY).order == ()  # only when asked: it costs a pass over the queue
     assert plan.reservation is not None and plan.reservation.job_id == "head"
     assert started(plan) == {"c": ("a",)}
     assert codes(plan) == {"head": "Resources", "b": "Reservation"}
@@ -243,7 +246,7 @@ def test_plan_carries_the_reservation_and_the_order() -> None:
                  id="a running job with no limit: no reservation can be computed"),
 ])
 def test_no_reservation(policy, pending, active) -> None:  # type: ignore[no-untyped-def]
-    plan = run_cycle(snap([node("a", 8)], pending, active), policy)
+    plan = run_cycle(snap([node("a", 8)], pending, active), policy, explain=True)
     assert plan.reservation is None
     assert plan.order == tuple(j.id for j in pending)
 

@@ -214,9 +214,10 @@ def test_spillway_holder_keeps_the_reservation_through_a_cycle() -> None:
     queue = [mk("long", ago=3600, limit=86400, gpus=8), mk("short", ago=3600, limit=600, gpus=8)]
     base = snapshot([node("a", 8)], queue, [r1], now=NOW)
     policy = PolicySet.named("spillway")
-    first = run_cycle(base, policy)
+    first = run_cycle(base, policy, explain=True)
     assert first.order == ("short", "long")
     assert first.reservation is not None and first.reservation.job_id == "short"
-    held = run_cycle(replace(base, reservation=replace(first.reservation, job_id="long")), policy)
+    held = run_cycle(replace(base, reservation=replace(first.reservation, job_id="long")), policy,
+                     explain=True)
     assert held.order == ("long", "short")
     assert held.reservation is not None and held.reservation.job_id == "long"
