@@ -75,6 +75,14 @@ class Resources:
     memory_gb: float = 0.0
     nodes: int = 1
 
+    def __hash__(self) -> int:  # cached: the cycle keys its memos by request shape
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.gpus, self.gpu_types, self.min_gpu_memory_gb, self.mig_profile,
+                      self.cpus, self.memory_gb, self.nodes))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def total_gpus(self) -> int:
         return self.gpus * self.nodes
@@ -357,7 +365,7 @@ class Job:
     started_at: float | None = None  # when the current attempt started RUNNING
     finished_at: float | None = None
 
-    @property
+    @cached_property
     def priority(self) -> str:
         return self.spec.priority or "normal"
 
@@ -371,7 +379,7 @@ class Job:
         """What makes jobs alike for runtime prediction: the name, else the command."""
         return self.spec.name or self.spec.display_command
 
-    @property
+    @cached_property
     def team(self) -> str:
         return self.spec.team or "default"
 

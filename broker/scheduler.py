@@ -16,6 +16,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import islice
 
 from broker.model import Job, Reason, Resources
 from broker.plan import Plan, Preempt, Snapshot, Start
@@ -300,9 +301,11 @@ class _Cycle:
         quota = {t.name: t.quota_gpus for t in snap.teams if t.quota_gpus}
         in_use = gpus_in_use(snap) if quota else {}
         may = {c.name for c in snap.classes if c.may_preempt}
-        preemptors = [j for j in self.blocked
-                      if j.priority in may or in_use.get(j.team, 0) + j.res.total_gpus
-                      <= quota.get(j.team, 0)][:MAX_PREEMPTORS]
+        if not may and not quota:
+            return ()
+        preemptors = list(islice((j for j in self.blocked
+                                  if j.priority in may or in_use.get(j.team, 0)
+                                  + j.res.total_gpus <= quota.get(j.team, 0)), MAX_PREEMPTORS))
         if not preemptors:
             return ()
         kinds = self.index.kinds_by_gpu

@@ -96,18 +96,10 @@ def entitled_gpus(snapshot: Snapshot) -> tuple[dict[str, float], dict[str, int]]
     return {t: gpus * w / total for t, w in weight.items()}, used
 
 
-def spillway_score(snapshot: Snapshot, job: Job, estimate: float, fs: float,
-                   s: dict[str, Any]) -> float:
-    """Expected slowdown if started now, ``(wait + estimate) / estimate``, weighted by class
-    and fair share. Short jobs rise fast; long jobs rise too, and a job that has waited
-    ``starve_after_s`` goes ahead of every non-starving job of its tier, oldest first."""
-    wait = max(0.0, snapshot.now - job.submitted_at)
-    if 0 < s["starve_after_s"] <= wait:
-        return 1e12 + wait
-    est = max(s["min_estimate_s"], estimate if math.isfinite(estimate) else 7 * 86400.0)
-    est = est ** s["runtime_exponent"] * job.res.total_gpus ** s["size_exponent"]
-    weight = s["class_weight"].get(job.priority, 1.0)
-    return (1.0 + wait / est) * weight * (0.5 + fs) ** s["fairshare_weight"]
+# job id -> (predictor epoch and settings, effective estimate): a job's effective estimate
+# changes only when the predictor has learnt enough to refresh it. A cache, not state: the
+# order is the same with or without it.
+_EFFECTIVE_ESTIMATES: dict[str, tuple[object, float]] = {}
 
 
 @register("order", "spillway")
@@ -132,25 +124,44 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     holder = snapshot.reservation.job_id if snapshot.reservation else None
     s = {**SPILLWAY_DEFAULTS, **snapshot.settings.get("spillway", {})}
     share, used = entitled_gpus(snapshot) if s["share_tier"] else ({}, {})
+    fs_tier, share_tier = s["fairshare_tier"], s["share_tier"]
+    owed = {t for t, f in fs.items()
+            if (fs_tier and f >= fs_tier)
+            or (share and used.get(t, 0) < share_tier * share.get(t, 0))}
+    mult = {t: (0.5 + f) ** s["fairshare_weight"] for t, f in fs.items()}
+    q, now, floor = s["order_quantile"], snapshot.now, s["min_estimate_s"]
+    rexp, sexp, cw, starve = (s["runtime_exponent"], s["size_exponent"], s["class_weight"],
+                              s["starve_after_s"])
+    week = 7 * 86400.0
 
-    q = s["order_quantile"]
+    version = getattr(pred, "version", None)  # a predictor that says when it changes
+    epoch = (version, q, floor, rexp, sexp, id(cw)) if version is not None else None
+    memo = _EFFECTIVE_ESTIMATES
 
-    def est(j: Job) -> float:
-        if pred is not None:
-            return pred.estimate(j, q)
-        return j.spec.time_limit or math.inf
+    def rate(j: Job) -> float:
+        """class weight / effective estimate: how fast the job's score rises while it waits
+        (cached until the predictor refreshes its estimate)."""
+        m = memo.get(j.id)
+        if m is not None and m[0] == epoch and epoch is not None:
+            return m[1]
+        e = pred.estimate(j, q) if pred is not None else (j.spec.time_limit or math.inf)
+        e = max(floor, e if e < math.inf else week) ** rexp * j.res.total_gpus ** sexp
+        r = cw.get(j.priority, 1.0) / e
+        if len(memo) > 200_000:
+            memo.clear()
+        memo[j.id] = (epoch, r)
+        return r
 
-    fs_tier = s["fairshare_tier"]
-
-    def over(j: Job) -> bool:  # False sorts first: the team is below its share
-        if fs_tier and fs.get(j.team, 1.0) >= fs_tier:
-            return False
-        return bool(share) and used.get(j.team, 0) >= s["share_tier"] * share.get(j.team, 0)
-
-    return sorted(jobs, key=lambda j: (urgent.get(j.priority, 0), j.id != holder, over(j),
-                                       -spillway_score(snapshot, j, est(j), fs.get(j.team, 1.0),
-                                                       s),
-                                       j.submitted_at, j.id))
+    # score = mult x class weight x (1 + wait / e) = mult x (w + rate x wait), decorated so
+    # that the sort compares tuples in C; the index keeps it stable and total
+    decorated = [
+        (urgent.get(j.priority, 0), j.id != holder, j.team not in owed,
+         -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + rate(j) * (now - j.submitted_at)))
+         if not 0 < starve <= now - j.submitted_at else -1e12 - (now - j.submitted_at),
+         j.submitted_at, j.id, i)
+        for i, j in enumerate(jobs)]
+    decorated.sort()
+    return [jobs[t[6]] for t in decorated]
 
 
 @register("admit", "admit-all")

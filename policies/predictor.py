@@ -42,9 +42,15 @@ class RuntimePredictor:
         self.default_s = default_s
         self._groups: dict[Key, _Group] = {}
         self.observed = 0
-        self._memo: dict[str, tuple[int, float]] = {}  # job id -> (observed then, estimate)
+        # quantile -> job id -> (observed then, estimate)
+        self._memos: dict[float | None, dict[str, tuple[int, float]]] = {}
 
     REFRESH = 32  # a job's estimate is recomputed after this many new observations
+
+    @property
+    def version(self) -> int:
+        """Changes each time memoised estimates may be refreshed (every REFRESH runtimes)."""
+        return self.observed // self.REFRESH
     @staticmethod
     def keys(team: str, name: str | None, gpus: int, limit: float | None) -> tuple[Key, ...]:
         """From the most to the least specific group."""
@@ -84,14 +90,16 @@ class RuntimePredictor:
         """Total runtime estimate of a job, in seconds (inf: unknown and unbounded): the
         predictor's quantile (for backfill) or another (the median, to rank the queue).
         Memoised per job until ``REFRESH`` more runtimes have been observed."""
-        memo_key = job.id if quantile is None else f"{job.id}@{quantile}"
-        memo = self._memo.get(memo_key)
+        memos = self._memos.get(quantile)
+        if memos is None:
+            memos = self._memos[quantile] = {}
+        memo = memos.get(job.id)
         if memo is not None and self.observed - memo[0] < self.REFRESH:
             return memo[1]
         est = self.predict(self.job_keys(job), job.spec.time_limit, quantile)
-        if len(self._memo) > 400_000:
-            self._memo.clear()
-        self._memo[memo_key] = (self.observed, est)
+        if len(memos) > 200_000:
+            memos.clear()
+        memos[job.id] = (self.observed, est)
         return est
 
 

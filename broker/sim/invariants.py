@@ -25,7 +25,7 @@ class InvariantChecker:
         self.violations.append(f"t={now:.0f}: {what}")
 
     def after_cycle(self, now: float, plan: Plan, applied: Applied) -> None:
-        self._gpus_held_once(now)
+        self._gpus_held_once(now, applied.started)
         for job in applied.started:
             self._whole_gang(now, job)
         for job in (*applied.started, *applied.stopping):
@@ -34,30 +34,32 @@ class InvariantChecker:
         if len(set(planned)) != len(planned):
             self._fail(now, "a job was planned to start twice in one cycle")
 
-    def _gpus_held_once(self, now: float) -> None:
-        seen: dict[tuple[str, str], str] = {}
+    def _gpus_held_once(self, now: float, started: tuple[Job, ...]) -> None:
+        """Each GPU a job just claimed is owned by it and by no other active job; and the GPUs
+        claimed in the store are exactly as many as the active jobs hold (so no later change
+        can have handed one of them to a second job unnoticed)."""
         store = self.store
+        held = 0
         for job_id in store._active:
             job = store._jobs[job_id]
             if job.state not in ACTIVE:
                 self._fail(now, f"{job_id} is indexed active in state {job.state.value}")
-            done = {r for r, _ in job.parts_exited}
+            done = job.parts_exited
+            held += sum(len(a.gpu_ids) for a in job.allocations
+                        if not done or all(r != a.rank for r, _ in done))
+        claimed = sum(len(v) for v in store._alloc.values())
+        if claimed != held:
+            self._fail(now, f"{claimed} GPUs claimed but {held} held by active jobs")
+        seen: dict[tuple[str, str], str] = {}
+        for job in started:
             for a in job.allocations:
-                if a.rank in done:
-                    continue
                 for gid in a.gpu_ids:
                     key = (a.node_id, gid)
-                    if key in seen:
-                        self._fail(now, f"GPU {gid} on {a.node_id} held by {seen[key]} "
-                                        f"and {job_id}")
-                    seen[key] = job_id
                     owner = store._alloc.get(a.node_id, {}).get(gid)
-                    if owner != f"{job_id}:{job.attempt}":
+                    if key in seen or owner != f"{job.id}:{job.attempt}":
                         self._fail(now, f"GPU {gid} on {a.node_id} is owned by {owner}, "
-                                        f"not {job_id}:{job.attempt}")
-        claimed = sum(len(v) for v in store._alloc.values())
-        if claimed != len(seen):
-            self._fail(now, f"{claimed} GPUs claimed but {len(seen)} held by active jobs")
+                                        f"not {job.id}:{job.attempt}")
+                    seen[key] = job.id
 
     def _whole_gang(self, now: float, job: Job) -> None:
         res = job.res

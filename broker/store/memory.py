@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from operator import attrgetter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -12,6 +13,9 @@ from broker.model import Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import BUSY, DEAD, OK, VERSION, BaseStore, LogLine
 from broker.store.transitions import Change
+
+
+_BY_AGE = attrgetter("submitted_at", "id")
 
 
 class MemoryStore(BaseStore):
@@ -105,11 +109,16 @@ class MemoryStore(BaseStore):
                                       "all": self._order}[which]  # type: ignore[assignment]
             return sorted(src, key=lambda i: (self._order[i], i))
 
+    def _record_reasons(self, pending: Mapping[str, Reason]) -> None:
+        """In memory the whole map is replaced: cheaper than finding what changed."""
+        with self._lock:
+            self._reasons = dict(pending)
+
     def _load_index(self, which: str) -> list[Job]:
-        """For a snapshot: in index order, unsorted (every order policy sorts anyway)."""
+        """For a snapshot: oldest first (a C-level sort on the records themselves)."""
         with self._lock:
             src = self._pending if which == "pending" else self._active
-            return [self._jobs[i] for i in src]
+            return sorted((self._jobs[i] for i in src), key=_BY_AGE)
 
     def _put_node(self, node: Node, lease_expires: float) -> None:
         with self._lock:
