@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from operator import attrgetter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 from broker.config import Config
 from broker.errors import StaleAttempt
@@ -13,7 +13,6 @@ from broker.model import Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import BUSY, DEAD, OK, VERSION, BaseStore, LogLine
 from broker.store.transitions import Change
-
 
 _BY_AGE = attrgetter("submitted_at", "id")
 
