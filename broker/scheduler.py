@@ -213,8 +213,20 @@ class _Cycle:
         feasible job still gets its reservation, so that it holds from cycle to cycle; a job
         that needs no GPU may still start (under strict order only at the head)."""
         strict = self.policies.backfill == "none"
-        for job in rest:
-            if not self.index.feasible_ever(job.res):
+        feasible = self.index.feasible_ever
+        for pos, job in enumerate(rest):
+            if head_done and job.res.gpus:  # the common case, for the whole tail at once
+                tail = rest[pos:]
+                if all(j.res.gpus for j in tail):
+                    wait = _FIFO if strict else _FULL
+                    ok = [j for j in tail if feasible(j.res)]
+                    self.pending.update((j.id, wait) for j in ok)
+                    self.blocked.extend(ok)
+                    if len(ok) != len(tail):
+                        self.pending.update((j.id, _infeasible(j.res)) for j in tail
+                                            if not feasible(j.res))
+                    return
+            if not feasible(job.res):
                 self.pending[job.id] = _infeasible(job.res)
                 continue
             if job.res.gpus == 0 and not (strict and head_done):
