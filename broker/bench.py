@@ -66,21 +66,25 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def bench_cycle(pending: int = 10000, nodes: int = 1000, gpus_per_node: int = 8,
-                cycles: int = 20, seed: int = 0, store: bool = False,
+                cycles: int = 20, seed: int = 0, store: bool = False, policy: str = "spillway",
                 **_ignored: Any) -> dict[str, Any]:
-    """Time ``run_cycle`` on a synthetic snapshot; with ``store``, also the whole cycle
-    through a real Redis store (snapshot, plan, compare-and-set apply)."""
+    """Time ``run_cycle`` with a policy bundle on a synthetic snapshot; with ``store``, also
+    the whole cycle through a real Redis store (snapshot, plan, compare-and-set apply)."""
+    from policies.registry import PolicySet
+
+    policies = PolicySet.named(policy)
     snap = synthetic_snapshot(pending, nodes, gpus_per_node, seed)
     times: list[float] = []
     starts = 0
     for _ in range(cycles):
         t0 = time.perf_counter()
-        plan = run_cycle(snap)
+        plan = run_cycle(snap, policies)
         times.append((time.perf_counter() - t0) * 1000)
         starts = len(plan.starts)
-    extra = _store_cycle(snap, cycles) if store else {}
+    extra = _store_cycle(snap, cycles, policy) if store else {}
     return {
         "benchmark": "cycle",
+        "policy": policy,
         "pending": pending,
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
@@ -95,7 +99,7 @@ def bench_cycle(pending: int = 10000, nodes: int = 1000, gpus_per_node: int = 8,
     }
 
 
-def _store_cycle(snap: Snapshot, cycles: int) -> dict[str, Any]:
+def _store_cycle(snap: Snapshot, cycles: int, policy: str) -> dict[str, Any]:
     """Load the synthetic cluster into an embedded Redis and time whole cycles: the first
     writes every start; later ones find the cluster full and change nothing."""
     import shutil
@@ -104,6 +108,7 @@ def _store_cycle(snap: Snapshot, cycles: int) -> dict[str, Any]:
     from broker.embedded import EmbeddedRedis
     from broker.plan import Plan, Start
     from broker.store.redis import RedisStore
+    from policies.registry import PolicySet
 
     tmp = tempfile.mkdtemp(prefix="spillway-bench-")
     server = EmbeddedRedis(tmp)
@@ -123,7 +128,7 @@ def _store_cycle(snap: Snapshot, cycles: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             live = st.snapshot(snap.now + 1)
             t1 = time.perf_counter()
-            plan = run_cycle(live)
+            plan = run_cycle(live, PolicySet.named(policy))
             t2 = time.perf_counter()
             applied = st.apply(plan, snap.now + 1)
             t3 = time.perf_counter()

@@ -83,6 +83,12 @@ class Resources:
             object.__setattr__(self, "_hash", h)
         return h
 
+    @cached_property
+    def key(self) -> tuple[object, ...]:
+        """The request as a plain tuple: a cheap dictionary key for per-shape memos."""
+        return (self.gpus, self.gpu_types, self.min_gpu_memory_gb, self.mig_profile,
+                self.cpus, self.memory_gb, self.nodes)
+
     @property
     def total_gpus(self) -> int:
         return self.gpus * self.nodes

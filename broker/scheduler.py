@@ -36,7 +36,7 @@ _FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earli
 
 
 def _shape(res: Resources, sites: tuple[str, ...], long: bool) -> tuple[object, ...]:
-    return (res, sites, long)
+    return (res.key, sites, long)
 
 
 def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
@@ -215,21 +215,30 @@ class _Cycle:
         strict = self.policies.backfill == "none"
         feasible = self.index.feasible_ever
         for pos, job in enumerate(rest):
-            if head_done and job.res.gpus:  # the common case, for the whole tail at once
+            if head_done:  # the common case: the whole tail waits, in one step
                 tail = rest[pos:]
-                if all(j.res.gpus for j in tail):
-                    wait = _FIFO if strict else _FULL
-                    ok = [j for j in tail if feasible(j.res)]
-                    self.pending.update((j.id, wait) for j in ok)
-                    self.blocked.extend(ok)
-                    if len(ok) != len(tail):
-                        self.pending.update((j.id, _infeasible(j.res)) for j in tail
-                                            if not feasible(j.res))
-                    return
+                ok = [j for j in tail if j.res.gpus and feasible(j.res)]
+                self.pending.update(dict.fromkeys([j.id for j in ok], _FIFO if strict else _FULL))
+                self.blocked.extend(ok)
+                if len(ok) != len(tail):  # CPU-only or infeasible jobs: one by one
+                    for j in tail:
+                        if j.res.gpus and feasible(j.res):
+                            continue
+                        if not feasible(j.res):
+                            self.pending[j.id] = _infeasible(j.res)
+                            continue
+                        allocs = None if strict else self.place(self.index, j, self.horizon,
+                                                                self.now)
+                        if allocs is not None:
+                            self._start(j, allocs, False)
+                        else:
+                            self.pending[j.id] = _FIFO if strict else _FULL
+                            self.blocked.append(j)
+                return
             if not feasible(job.res):
                 self.pending[job.id] = _infeasible(job.res)
                 continue
-            if job.res.gpus == 0 and not (strict and head_done):
+            if job.res.gpus == 0 and not (strict and head_done):  # only at the head or below
                 allocs = self.place(self.index, job, self.horizon, self.now)
                 if allocs is not None:
                     self._start(job, allocs, False)
@@ -315,9 +324,10 @@ class _Cycle:
         may = {c.name for c in snap.classes if c.may_preempt}
         if not may and not quota:
             return ()
-        preemptors = list(islice((j for j in self.blocked
-                                  if j.priority in may or in_use.get(j.team, 0)
-                                  + j.res.total_gpus <= quota.get(j.team, 0)), MAX_PREEMPTORS))
+        wanting = (j for j in self.blocked if j.priority in may or in_use.get(j.team, 0)
+                   + j.res.total_gpus <= quota.get(j.team, 0)) if quota else (
+            j for j in self.blocked if j.priority in may)
+        preemptors = list(islice(wanting, MAX_PREEMPTORS))
         if not preemptors:
             return ()
         kinds = self.index.kinds_by_gpu

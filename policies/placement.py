@@ -59,8 +59,8 @@ class FreeIndex:
         allocated = allocated or {}
         used_cpu_mem = used_cpu_mem or {}
         self.nodes: dict[str, _NodeFree] = {}
-        self._feasible: dict[Resources, bool] = {}
-        self._wanted: dict[Resources, list[Kind]] = {}
+        self._feasible: dict[tuple[object, ...], bool] = {}  # keyed by Resources.key
+        self._wanted: dict[tuple[object, ...], list[Kind]] = {}
         self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
         self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
             lambda: defaultdict(dict))
@@ -102,16 +102,16 @@ class FreeIndex:
 
     def wanted(self, res: Resources) -> list[Kind]:
         """The cluster's device kinds that satisfy ``res`` (memoised per request shape)."""
-        kinds = self._wanted.get(res)
+        kinds = self._wanted.get(res.key)
         if kinds is None:
-            kinds = self._wanted[res] = wanted_kinds(res, self.kinds)
+            kinds = self._wanted[res.key] = wanted_kinds(res, self.kinds)
         return kinds
 
     def feasible_ever(self, res: Resources) -> bool:
         """Could the job fit on the cluster if it were empty?"""
-        ok = self._feasible.get(res)
+        ok = self._feasible.get(res.key)
         if ok is None:
-            ok = self._feasible[res] = any(
+            ok = self._feasible[res.key] = any(
                 sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
                 for k in self.wanted(res)
             ) or (res.gpus == 0 and bool(self.nodes))

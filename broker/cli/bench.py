@@ -38,13 +38,19 @@ def cycle(
     seed: Annotated[int, Opt("--seed", help="Random seed of the synthetic workload.")] = 0,
     store: Annotated[bool, Opt("--store", help="Also time whole cycles through a real "
                                                "(embedded) Redis store.")] = False,
+    policy: Annotated[str, Opt("--policy", help="spillway, slurm-like or fcfs.")] = "spillway",
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Time the pure scheduling cycle on a synthetic queue and cluster."""
     from broker.bench import bench_cycle
+    from policies.registry import BUNDLES
 
+    if policy not in BUNDLES:
+        from broker.errors import ConfigError
+
+        raise ConfigError(f"--policy {policy}: unknown; allowed: {', '.join(sorted(BUNDLES))}")
     _show(bench_cycle(pending=pending, nodes=nodes, gpus_per_node=gpus_per_node,
-                      cycles=cycles, seed=seed, store=store), as_json)
+                      cycles=cycles, seed=seed, store=store, policy=policy), as_json)
 
 
 @bench.command("dispatch")

@@ -340,3 +340,15 @@ def test_fcfs_full_cluster_reasons_match_the_partly_free_ones() -> None:
     pending = [job("head", 4, submitted=1), job("x", 1, submitted=2), job("y", 2, submitted=3)]
     full = run_cycle(snap([node("a", 8)], pending, [running("r1", 8, time_limit=1000)]), FCFS)
     assert codes(full) == {"head": "Resources", "x": "Priority", "y": "Priority"}
+
+
+@pytest.mark.parametrize("policy", [EASY, FCFS], ids=["easy", "fcfs"])
+def test_cpu_only_and_infeasible_jobs_deep_in_a_full_queue(policy: PolicySet) -> None:
+    """Behind a blocked head on a full cluster: a CPU-only job still starts (except under
+    strict order), an impossible job says so, the others wait."""
+    pending = [job("head", 8, submitted=1), job("gpu", 2, submitted=2),
+               job("cpu", 0, submitted=3, time_limit=100), job("huge", 64, submitted=4)]
+    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 8, time_limit=1000)]), policy)
+    assert ("cpu" in started(plan)) is (policy is EASY)
+    assert codes(plan)["huge"] == "NoFeasibleNode"
+    assert codes(plan)["gpu"] == ("Resources" if policy is EASY else "Priority")
