@@ -165,8 +165,7 @@ class _Cycle:
         if self.shadow is not None and not long and self.policies.place == "aligned":
             # packing around the reservation: a job that ends before it starts goes first
             # into the reserved nodes' idle GPUs, keeping the other nodes for longer jobs
-            inside = self.index.find(job.res, job.spec.sites,
-                                     only=self.shadow.reservation.node_ids)
+            inside = self.index.find(job.res, job.spec.sites, only=self.shadow.node_set)
             if inside is not None:
                 return inside
         if self.shadow is None or not long:

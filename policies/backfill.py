@@ -31,6 +31,10 @@ class Shadow:
     slack_s: float = 0.0  # relaxed backfill: how late a backfilled job may end past the start
     scavengers: list[str] = field(default_factory=list)  # evicted when the reservation is due
 
+    @property
+    def node_set(self) -> frozenset[str]:
+        return frozenset(self.cap)  # the reserved nodes
+
     def allows(self, now: float, estimate: float) -> bool:
         """Does a job of this estimate end before the reservation starts (plus the slack)?"""
         return now + estimate <= self.reservation.start_at + self.slack_s

@@ -61,6 +61,7 @@ class FreeIndex:
         self.nodes: dict[str, _NodeFree] = {}
         self._feasible: dict[tuple[object, ...], bool] = {}  # keyed by Resources.key
         self._wanted: dict[tuple[object, ...], list[Kind]] = {}
+        self._by_speed: dict[tuple[object, ...], list[Kind]] = {}
         self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
         self._buckets: dict[Kind, dict[int, dict[str, None]]] = defaultdict(
             lambda: defaultdict(dict))
@@ -131,7 +132,13 @@ class FreeIndex:
         whole, so reservations for wide jobs drain fewer GPUs. ``only`` restricts the nodes.
         """
         best: tuple[tuple[float, ...], Kind, list[str]] | None = None
-        for kind in self.wanted(res) if res.gpus else [None]:  # type: ignore[list-item]
+        kinds: list[Kind] = self.wanted(res) if res.gpus else [None]  # type: ignore[list-item]
+        if horizon is not None and res.gpus:
+            kinds = self._fastest_first(res)
+        for kind in kinds:
+            if best is not None and horizon is not None and kind is not None \
+                    and -speed_of(kind[0]) > best[0][0]:
+                break  # a slower model never beats a placement on a faster one
             chosen = self._tightest(kind, res, sites, cap if kind == cap_kind else None,
                                     horizon, end, only)
             if chosen is None:
@@ -150,6 +157,13 @@ class FreeIndex:
             for rank, nid in enumerate(node_ids)
         )
 
+    def _fastest_first(self, res: Resources) -> list[Kind]:
+        kinds = self._by_speed.get(res.key)
+        if kinds is None:
+            kinds = self._by_speed[res.key] = sorted(self.wanted(res),
+                                                     key=lambda k: -speed_of(k[0]))
+        return kinds
+
     ALIGN_CANDIDATES = 32  # nodes weighed by end-aligned packing (the tightest first)
 
     def _tightest(self, kind: Kind | None, res: Resources, sites: tuple[str, ...],
@@ -163,15 +177,19 @@ class FreeIndex:
             return ((0.0, 0), nids[: res.nodes]) if len(nids) >= res.nodes else None
         buckets = self._buckets.get(kind, {})
         want = res.nodes if horizon is None else max(res.nodes, self.ALIGN_CANDIDATES)
-        for count in sorted(c for c in buckets if c >= res.gpus):
+        nodes, need, cpus, mem = self.nodes, res.gpus, res.cpus, res.memory_gb
+        for count in sorted(c for c in buckets if c >= need):
             for nid in buckets[count]:
-                if cap is not None and cap.get(nid, count) < res.gpus:
+                if cap is not None and cap.get(nid, count) < need:
                     continue
                 if only is not None and nid not in only:
                     continue
-                if self.fits_host(self.nodes[nid], res, sites):
+                f = nodes[nid]  # fits_host, inlined: this loop is the cycle's hottest
+                site = f.node.site
+                if (site in sites or (site != "onprem" and "cloud" in sites)) \
+                        and f.cpus >= cpus and f.mem >= mem:
                     ext = 0.0 if horizon is None else max(0.0, end - horizon.get(nid, 0.0))
-                    picked.append((ext, count - res.gpus, nid))
+                    picked.append((ext, count - need, nid))
                     if len(picked) >= want:
                         break
             if len(picked) >= want:
