@@ -89,16 +89,14 @@ class BaseStore(ABC):
     def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]: ...
 
     @abstractmethod
-    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
-        """Atomically decay a team's usage to ``now`` and add ``gpu_s``."""
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
+                   sample: tuple[str, str, int, float, float] | None = None) -> None:
+        """Atomically decay a team's usage to ``now`` and add ``gpu_s``; with ``sample``, also
+        append it to the runtime samples (one round trip for both)."""
 
     @abstractmethod
     def _read_usage(self) -> dict[str, tuple[float, float]]:
         """team -> (decayed GPU-seconds, as of time)."""
-
-    @abstractmethod
-    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
-        """Append (team, name, total GPUs, time limit or 0, runtime) of a finished job."""
 
     @abstractmethod
     def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
@@ -217,22 +215,32 @@ class BaseStore(ABC):
         if att is None or att.ended_at is None or old.started_at is None:
             return
         ran = max(0.0, att.ended_at - old.started_at)
-        self._add_usage(old.team, old.res.total_gpus * ran, att.ended_at,
-                        self.config.fairshare_half_life_s)
+        sample = None
         if new.state is JobState.SUCCEEDED and new.attempt == 1:
-            spec = old.spec
-            self._push_runtime((old.team, spec.name or spec.display_command,
-                                old.res.total_gpus, spec.time_limit or 0.0, ran))
+            sample = (old.team, old.kind_key, old.res.total_gpus, old.spec.time_limit or 0.0, ran)
+        self._add_usage(old.team, old.res.total_gpus * ran, att.ended_at,
+                        self.config.fairshare_half_life_s, sample)
 
-    def usage(self, now: float) -> dict[str, float]:
+    def _read_meta(self, cursor: str) -> tuple[dict[str, tuple[float, float]],
+                                               list[tuple[str, str, int, float, float]], str,
+                                               str | None]:
+        """Usage, runtime samples after ``cursor`` (and the new cursor), the reservation:
+        what a snapshot needs besides the jobs. Backends may read them in one round trip."""
+        samples, cursor = self._read_runtimes(cursor)
+        return self._read_usage(), samples, cursor, self._get_reservation()
+
+    def usage(self, now: float, raw: Mapping[str, tuple[float, float]] | None = None
+              ) -> dict[str, float]:
         """Team -> GPU-seconds of finished attempts, decayed to ``now``."""
         hl = self.config.fairshare_half_life_s
         return {t: v * 0.5 ** (max(0.0, now - at) / hl) for t, (v, at) in
-                self._read_usage().items()}
+                (self._read_usage() if raw is None else raw).items()}
 
-    def predictor(self) -> RuntimePredictor:
+    def predictor(self, samples: Sequence[tuple[str, str, int, float, float]] | None = None
+                  ) -> RuntimePredictor:
         """The runtime predictor, caught up with the jobs finished since the last call."""
-        samples, self._runtime_cursor = self._read_runtimes(self._runtime_cursor)
+        if samples is None:
+            samples, self._runtime_cursor = self._read_runtimes(self._runtime_cursor)
         for team, name, gpus, limit, ran in samples:
             self._predictor.observe(RuntimePredictor.keys(team, name, gpus, limit or None), ran)
         return self._predictor
@@ -269,10 +277,10 @@ class BaseStore(ABC):
                              key=lambda n: n.id))
         allocated = self.allocations([n.id for n in nodes])
         cfg = self.config
-        raw = self._get_reservation()
+        usage, samples, self._runtime_cursor, raw = self._read_meta(self._runtime_cursor)
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
         return Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
-                        usage=self.usage(now), predictor=self.predictor(),
+                        usage=self.usage(now, usage), predictor=self.predictor(samples),
                         reservation=reservation, settings=cfg.policy_settings,
                         half_life_s=cfg.fairshare_half_life_s, min_runtime_s=cfg.min_runtime_s,
                         grace_s=cfg.grace_s)

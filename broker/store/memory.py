@@ -35,8 +35,11 @@ class MemoryStore(BaseStore):
         self._runtimes: list[tuple[str, str, int, float, float]] = []
         self._reservation: str | None = None
 
-    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
+                   sample: tuple[str, str, int, float, float] | None = None) -> None:
         with self._lock:
+            if sample is not None:
+                self._runtimes.append(sample)
             value, at = self._usage.get(team, (0.0, now))
             self._usage[team] = (value * 0.5 ** (max(0.0, now - at) / half_life_s) + gpu_s,
                                  max(now, at))
@@ -44,10 +47,6 @@ class MemoryStore(BaseStore):
     def _read_usage(self) -> dict[str, tuple[float, float]]:
         with self._lock:
             return dict(self._usage)
-
-    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
-        with self._lock:
-            self._runtimes.append(sample)
 
     def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
                                                    str]:

@@ -131,8 +131,9 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[i:i + size]
 
 
-# KEYS: usage hash. ARGV: team, GPU-seconds, now, half-life. Decay the team's total to now
-# and add, in one step, so concurrent reports never lose an increment.
+# KEYS: usage hash, runtimes stream. ARGV: team, GPU-seconds, now, half-life, stream cap,
+# runtime sample JSON or "". Decay the team's total to now and add, in one step, so concurrent
+# reports never lose an increment; append the finished job's runtime in the same round trip.
 _ADD_USAGE = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local value, at = 0, tonumber(ARGV[3])
@@ -146,6 +147,9 @@ if age < 0 then age = 0 end
 value = value * math.pow(0.5, age / tonumber(ARGV[4])) + tonumber(ARGV[2])
 if now < at then now = at end
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode({value, now}))
+if ARGV[6] ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 's', ARGV[6])
+end
 return 1
 """
 RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
@@ -346,9 +350,39 @@ class RedisStore(BaseStore):
 
     # -- fair-share usage, runtime samples, the reservation ----------------------------------
 
-    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float) -> None:
-        self._usage_script([self._k_usage], [team, repr(float(gpu_s)), repr(float(now)),
-                                             repr(float(half_life_s))])
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
+                   sample: tuple[str, str, int, float, float] | None = None) -> None:
+        self._usage_script([self._k_usage, self._k_runtimes],
+                           [team, repr(float(gpu_s)), repr(float(now)), repr(float(half_life_s)),
+                            RUNTIME_SAMPLES, json.dumps(list(sample)) if sample else ""])
+
+    def _read_meta(self, cursor: str) -> tuple[dict[str, tuple[float, float]],
+                                               list[tuple[str, str, int, float, float]], str,
+                                               str | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self._k_usage)
+        pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-", count=5000)
+        pipe.get(self._k_reservation)
+        raw_usage, batch, reservation = pipe.execute()
+        usage = {}
+        for team, raw in raw_usage.items():
+            value, at = json.loads(raw)
+            usage[_str(team)] = (float(value), float(at))
+        samples, cursor = self._parse_samples(batch, cursor)
+        if len(batch) == 5000:  # a long backlog (a new scheduler): read the rest
+            more, cursor = self._read_runtimes(cursor)
+            samples += more
+        return usage, samples, cursor, None if reservation is None else _str(reservation)
+
+    @staticmethod
+    def _parse_samples(batch: Any, cursor: str
+                       ) -> tuple[list[tuple[str, str, int, float, float]], str]:
+        out: list[tuple[str, str, int, float, float]] = []
+        for entry_id, fields_ in batch:
+            team, name, gpus, limit, ran = json.loads((fields_ or {})[b"s"])
+            out.append((team, name, int(gpus), float(limit), float(ran)))
+            cursor = _str(entry_id)
+        return out, cursor
 
     def _read_usage(self) -> dict[str, tuple[float, float]]:
         out = {}
@@ -356,10 +390,6 @@ class RedisStore(BaseStore):
             value, at = json.loads(raw)
             out[_str(team)] = (float(value), float(at))
         return out
-
-    def _push_runtime(self, sample: tuple[str, str, int, float, float]) -> None:
-        self.redis.xadd(self._k_runtimes, {"s": json.dumps(list(sample))},
-                        maxlen=RUNTIME_SAMPLES, approximate=True)
 
     def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
                                                    str]:
@@ -369,10 +399,8 @@ class RedisStore(BaseStore):
                                       else "-", count=5000)
             if not batch:
                 return out, cursor
-            for entry_id, fields_ in batch:
-                team, name, gpus, limit, ran = json.loads((fields_ or {})[b"s"])
-                out.append((team, name, int(gpus), float(limit), float(ran)))
-                cursor = _str(entry_id)
+            more, cursor = self._parse_samples(batch, cursor)
+            out += more
 
     def _put_reservation(self, data: str | None) -> None:
         if data is None:

@@ -740,3 +740,33 @@ def test_a_start_that_lost_a_race_keeps_a_reason(store: BaseStore) -> None:
     store.apply(Plan(starts=(start_of(b, ("n1", ["n1-g0"])),)), T0 + 2)
     reason = store.explain(b.id)
     assert reason is not None and reason.code == "Resources" and "raced" in reason.message
+
+
+# -- fair-share usage, runtime samples, the reservation -------------------------------------
+
+
+def test_an_ended_attempt_feeds_usage_and_the_predictor(store: BaseStore) -> None:
+    live(store, node())
+    ok = running(store, store.submit(spec(gpus=2, team="red", name="t", time_limit=3600), T0),
+                 ("n1", ["n1-g0", "n1-g1"]))
+    store.report(ok.id, 1, Exited(0, 0), T0 + 101)  # ran 100 s on 2 GPUs
+    bad = running(store, store.submit(spec(gpus=1, team="blue"), T0), ("n1", ["n1-g0"]),
+                  now=T0 + 200)
+    store.report(bad.id, 1, Exited(0, 3), T0 + 251)  # failed after 50 s: usage, no sample
+    snap = store.snapshot(T0 + 251)
+    assert snap.usage["red"] == pytest.approx(200.0, rel=1e-3)
+    assert snap.usage["blue"] == pytest.approx(50.0, rel=1e-3)
+    assert snap.predictor is not None and snap.predictor.observed == 1
+    half_life = store.config.fairshare_half_life_s
+    assert store.usage(T0 + 101 + half_life)["red"] == pytest.approx(100.0, rel=1e-3)
+
+
+def test_the_reservation_survives_from_one_cycle_to_the_next(store: BaseStore) -> None:
+    from broker.plan import Reservation
+
+    live(store, node())
+    res = Reservation("j-x", T0 + 60, ("n1",), "A100-80GB", scavengers=("j-y",))
+    store.apply(Plan(reservation=res), T0)
+    assert store.snapshot(T0 + 1).reservation == res
+    store.apply(Plan(), T0 + 2)
+    assert store.snapshot(T0 + 3).reservation is None
