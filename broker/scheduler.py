@@ -35,7 +35,7 @@ _FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
 _FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlier job to start")
 
 
-def _shape(res: Resources, sites: tuple[str, ...], long: bool) -> tuple[object, ...]:
+def _shape(res: Resources, sites: tuple[str, ...], long: object) -> tuple[object, ...]:
     return (res.key, sites, long)
 
 
@@ -122,7 +122,7 @@ class _Cycle:
                 continue
             long = self.shadow is not None and not self.shadow.allows(self.now,
                                                                      self.estimate(job))
-            shape = _shape(res, job.spec.sites, long)
+            shape = _shape(res, job.spec.sites, long and self._may_scavenge(job))
             if shape in failed:
                 self.pending[job.id] = failed[shape]
                 self.blocked.append(job)
@@ -145,6 +145,11 @@ class _Cycle:
                                         scavengers=tuple(self.shadow.scavengers))
                     if self.shadow else None,
                     order=tuple(j.id for j in queue) if explain else ())  # 8
+
+    def _may_scavenge(self, job: Job) -> object:
+        """For the shape cache: a long job's outcome also depends on whether it may scavenge."""
+        return ("scavenge" if self.policies.scavenge and job.priority in self.preemptible
+                and job.spec.checkpoint_dir is not None else True)
 
     def _scavenge(self, job: Job) -> tuple | None:  # type: ignore[type-arg]
         """A long job may use the reserved GPUs if it checkpoints and may be preempted: it is
