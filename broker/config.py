@@ -6,6 +6,7 @@ and then from ``SPILLWAY_*`` environment variables, which win.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -95,46 +96,85 @@ def _coerce(name: str, value: Any) -> Any:
     return None if value in ("", None) else str(value)
 
 
-def _classes(raw: Any) -> tuple[PriorityClass, ...]:
+CLASS_KEYS = tuple(f.name for f in fields(PriorityClass))
+TEAM_KEYS = tuple(f.name for f in fields(Team))
+
+
+def is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClass, ...]:
     if not isinstance(raw, list) or not raw:
-        raise ConfigError("config classes: must be a non-empty list of {name, rank, sla_s, ...}")
-    out = []
-    allowed = {f.name for f in fields(PriorityClass)}
+        raise ConfigError(f"{where}: must be a non-empty list of {{name, rank, sla_s, ...}}")
+    from broker.model import parse_duration  # late: the model imports this module
+
+    out: list[PriorityClass] = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or "name" not in item or "rank" not in item:
-            raise ConfigError(f"config classes[{i}]: needs at least name and rank")
-        unknown = set(item) - allowed
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(CLASS_KEYS)}")
+        unknown = sorted(str(k) for k in item if k not in CLASS_KEYS)
         if unknown:
-            raise ConfigError(
-                f"config classes[{i}]: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}"
-            )
-        item = {"sla_s": 3600.0, **item}
-        out.append(PriorityClass(**item))
+            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(CLASS_KEYS)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+        if any(c.name == name for c in out):
+            raise ConfigError(f"{at}.name: {name!r} repeats an earlier class; names must be "
+                              "unique")
+        rank = item.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise ConfigError(f"{at}.rank: {rank!r} must be a whole number (higher runs first)")
+        sla = item.get("sla_s", 3600.0)
+        try:
+            sla_s = parse_duration(sla) if isinstance(sla, (str, int, float)) else -1.0
+        except ValueError:
+            sla_s = -1.0
+        if isinstance(sla, bool) or not sla_s > 0:
+            raise ConfigError(f"{at}.sla_s: {sla!r} is not allowed; use seconds > 0 or a "
+                              "duration such as 30m or 4h")
+        flags: dict[str, bool] = {}
+        for key in ("may_preempt", "preemptible", "may_burst", "spot_allowed"):
+            if key in item:
+                if not isinstance(item[key], bool):
+                    raise ConfigError(f"{at}.{key}: {item[key]!r} must be true or false")
+                flags[key] = item[key]
+        out.append(PriorityClass(name=name, rank=rank, sla_s=float(sla_s), **flags))
     return tuple(out)
 
 
-def _teams(raw: Any) -> tuple[Team, ...]:
+def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
+    if raw is None:
+        return ()
     if not isinstance(raw, list):
-        raise ConfigError("config teams: must be a list of {name, weight, quota_gpus}")
+        raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus}}")
     out: list[Team] = []
-    allowed = {f.name for f in fields(Team)}
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not item.get("name"):
-            raise ConfigError(f"config teams[{i}]: needs at least a name")
-        unknown = set(item) - allowed
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(TEAM_KEYS)}")
+        unknown = sorted(str(k) for k in item if k not in TEAM_KEYS)
         if unknown:
-            raise ConfigError(
-                f"config teams[{i}]: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-        try:
-            team = Team(str(item["name"]), float(item.get("weight", 1.0)),
-                        int(item.get("quota_gpus", 0)))
-        except (TypeError, ValueError):
-            raise ConfigError(f"config teams[{i}]: weight and quota_gpus must be numbers") from None
-        if team.weight <= 0 or team.quota_gpus < 0:
-            raise ConfigError(f"config teams[{i}]: weight must be > 0 and quota_gpus >= 0")
-        if any(t.name == team.name for t in out):
-            raise ConfigError(f"config teams[{i}]: team {team.name!r} is listed twice")
-        out.append(team)
+            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(TEAM_KEYS)}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+        if any(t.name == name for t in out):
+            raise ConfigError(f"{at}.name: team {name!r} is listed twice; names must be unique")
+        weight = item.get("weight", 1.0)
+        if not is_number(weight) or weight <= 0:
+            raise ConfigError(f"{at}.weight: {weight!r} is not allowed; use a number > 0")
+        quota = item.get("quota_gpus", 0)
+        if not is_whole(quota) or quota < 0:
+            raise ConfigError(f"{at}.quota_gpus: {quota!r} is not allowed; use a whole number "
+                              ">= 0")
+        out.append(Team(name=name, weight=float(weight), quota_gpus=quota))
     return tuple(out)
 
 
@@ -163,9 +203,9 @@ def load_config(
         changes: dict[str, Any] = {}
         for key, value in data.items():
             if key == "classes":
-                changes["classes"] = _classes(value)
+                changes["classes"] = parse_classes(value)
             elif key == "teams":
-                changes["teams"] = _teams(value)
+                changes["teams"] = parse_teams(value)
             elif key == "policy_settings":
                 if not isinstance(value, dict):
                     raise ConfigError("config policy_settings: must be a mapping")

@@ -27,25 +27,30 @@ allowed.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from broker.config import DEFAULT_CLASSES, PriorityClass, Team
+from broker.config import (
+    DEFAULT_CLASSES,
+    PriorityClass,
+    Team,
+    is_number,
+    is_whole,
+    parse_classes,
+    parse_teams,
+)
 from broker.errors import ConfigError
-from broker.model import Gpu, Node, NodeState, parse_duration
+from broker.model import Gpu, Node, NodeState
 from workers.discovery import inventory_from_data, static_inventory
 
 TOP_KEYS = ("name", "nodes", "classes", "teams", "settings")
 NODE_KEYS = ("prefix", "count", "gpus", "cpus", "memory_gb", "labels")
-TEAM_KEYS = ("name", "weight", "quota_gpus")
-CLASS_KEYS = tuple(f.name for f in fields(PriorityClass))
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_COUNT = 10_000
 
@@ -74,15 +79,6 @@ class Cluster:
 
 def _whole(node: Node) -> int:
     return sum(1 for g in node.gpus if g.mig_profile is None and not g.mig_enabled)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -124,8 +120,8 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
             nodes.append(node)
     classes = DEFAULT_CLASSES
     if data.get("classes") is not None:
-        classes = _classes(data["classes"], f"{source}: classes")
-    teams = _teams(data.get("teams"), f"{source}: teams")
+        classes = parse_classes(data["classes"], f"{source}: classes")
+    teams = parse_teams(data.get("teams"), f"{source}: teams")
     capacity = sum(1 for n in nodes for g in n.gpus if g.mig_profile is None)
     quota = sum(t.quota_gpus for t in teams)
     if quota > capacity:
@@ -150,7 +146,7 @@ def _node_group(item: Any, where: str) -> list[Node]:
         raise ConfigError(f"{where}.prefix: {prefix!r} is not allowed; use letters, digits, "
                           "'-', '_' or '.', starting with a letter or digit (e.g. a100)")
     count = item.get("count", 1)
-    if not _is_int(count) or not 1 <= count <= MAX_COUNT:
+    if not is_whole(count) or not 1 <= count <= MAX_COUNT:
         raise ConfigError(f"{where}.count: {count!r} is not allowed; use a whole number "
                           f"1..{MAX_COUNT}")
     if "gpus" not in item:
@@ -188,73 +184,6 @@ def _gpus(raw: Any, node_id: str, where: str) -> list[Gpu]:
 
 
 def _non_negative(value: Any, where: str, allowed: str) -> float:
-    if not _is_number(value) or value < 0:
+    if not is_number(value) or value < 0:
         raise ConfigError(f"{where}: {value!r} is not allowed; use {allowed}")
     return float(value)
-
-
-def _classes(raw: Any, where: str) -> tuple[PriorityClass, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{where}: must be a non-empty list of {{name, rank, sla_s, ...}}")
-    out: list[PriorityClass] = []
-    for i, item in enumerate(raw):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{at}: must be a mapping with {', '.join(CLASS_KEYS)}")
-        unknown = sorted(str(k) for k in item if k not in CLASS_KEYS)
-        if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(CLASS_KEYS)}")
-        name = item.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
-        if any(c.name == name for c in out):
-            raise ConfigError(f"{at}.name: {name!r} repeats an earlier class; names must be "
-                              "unique")
-        rank = item.get("rank")
-        if not isinstance(rank, int) or isinstance(rank, bool):
-            raise ConfigError(f"{at}.rank: {rank!r} must be a whole number (higher runs first)")
-        sla = item.get("sla_s", 3600.0)
-        try:
-            sla_s = parse_duration(sla) if isinstance(sla, (str, int, float)) else -1.0
-        except ValueError:
-            sla_s = -1.0
-        if isinstance(sla, bool) or not sla_s > 0:
-            raise ConfigError(f"{at}.sla_s: {sla!r} is not allowed; use seconds > 0 or a "
-                              "duration such as 30m or 4h")
-        flags: dict[str, bool] = {}
-        for key in ("may_preempt", "preemptible", "may_burst", "spot_allowed"):
-            if key in item:
-                if not isinstance(item[key], bool):
-                    raise ConfigError(f"{at}.{key}: {item[key]!r} must be true or false")
-                flags[key] = item[key]
-        out.append(PriorityClass(name=name, rank=rank, sla_s=float(sla_s), **flags))
-    return tuple(out)
-
-
-def _teams(raw: Any, where: str) -> tuple[Team, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus}}")
-    out: list[Team] = []
-    for i, item in enumerate(raw):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{at}: must be a mapping with {', '.join(TEAM_KEYS)}")
-        unknown = sorted(str(k) for k in item if k not in TEAM_KEYS)
-        if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(TEAM_KEYS)}")
-        name = item.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
-        if any(t.name == name for t in out):
-            raise ConfigError(f"{at}.name: team {name!r} is listed twice; names must be unique")
-        weight = item.get("weight", 1.0)
-        if not _is_number(weight) or weight <= 0:
-            raise ConfigError(f"{at}.weight: {weight!r} is not allowed; use a number > 0")
-        quota = item.get("quota_gpus", 0)
-        if not _is_int(quota) or quota < 0:
-            raise ConfigError(f"{at}.quota_gpus: {quota!r} is not allowed; use a whole number "
-                              ">= 0")
-        out.append(Team(name=name, weight=float(weight), quota_gpus=quota))
-    return tuple(out)
