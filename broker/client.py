@@ -351,7 +351,7 @@ class Client:
     def _position(self, job: Job, now: float) -> tuple[int | None, int, dict[str, Any]]:
         """Replay the cycle, read-only, on the current state: the job's place in the queue,
         its estimate, its team's fair share and the reservation it holds or waits behind."""
-        from broker.scheduler import run_cycle
+        from broker.scheduler import run_cycle, runtime_estimate
         from policies.fairshare import fairshare_factors
         from policies.registry import PolicySet
 
@@ -361,10 +361,7 @@ class Client:
         ids = list(plan.order)
         extra: dict[str, Any] = {"policy": policy.name}
         target = next((j for j in snap.pending if j.id == job.id), job)
-        if policy.estimate == "predictor" and snap.predictor is not None:
-            est = snap.predictor.estimate(target)
-        else:
-            est = target.spec.time_limit or float("inf")
+        est = runtime_estimate(snap, policy, target)
         extra["estimate_s"] = est if est != float("inf") else None
         extra["fairshare"] = round(fairshare_factors(snap).get(job.team, 1.0), 4)
         res = plan.reservation

@@ -58,6 +58,13 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
     return cycle.run(explain)
 
 
+def runtime_estimate(snap: Snapshot, policies: PolicySet, job: Job) -> float:
+    """The runtime a cycle expects of a job: the predictor's, or the time limit (inf: none)."""
+    if policies.estimate == "predictor" and snap.predictor is not None:
+        return snap.predictor.estimate(job)
+    return job.spec.time_limit or math.inf
+
+
 class _Cycle:
     def __init__(self, snap: Snapshot, policies: PolicySet, now: float) -> None:
         self.snap, self.policies, self.now = snap, policies, now
@@ -72,7 +79,7 @@ class _Cycle:
         self.shadow: Shadow | None = None
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
-        self._scavengers: set[str] = set()
+        self._ends: dict[str, float] = {}
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
@@ -88,12 +95,7 @@ class _Cycle:
     def estimate(self, job: Job) -> float:
         est = self._estimates.get(job.id)
         if est is None:
-            pred = self.snap.predictor
-            if self.policies.estimate == "predictor" and pred is not None:
-                est = pred.estimate(job)
-            else:
-                est = job.spec.time_limit or math.inf
-            self._estimates[job.id] = est
+            est = self._estimates[job.id] = runtime_estimate(self.snap, self.policies, job)
         return est
 
     # -- phases ----------------------------------------------------------------------------
@@ -195,8 +197,8 @@ class _Cycle:
         active_ids = {j.id for j in self.snap.active}
         kept = [i for i in prev.scavengers if i in active_ids] \
             if prev is not None and prev.job_id == job.id else []
-        self._scavengers = set(kept)
-        running = [(j.allocations, self.now if j.id in self._scavengers else self._end_of(j))
+        evictable = set(kept)  # they leave when the reservation is due: count them free now
+        running = [(j.allocations, self.now if j.id in evictable else self._end_of(j))
                    for j in self.snap.active]
         running += [(s.allocations, end) for s, (_, end) in zip(self.starts, self.started)]
         shadow = reserve(job, self.index, release_profile(self.index, running), self.now)
@@ -208,9 +210,14 @@ class _Cycle:
         return shadow
 
     def _end_of(self, job: Job) -> float:
-        if job.state is JobState.STOPPING:
-            return self.now + self.snap.grace_s
-        return expected_end(job, self.estimate(job), self.now)
+        """When a running job is expected to free its GPUs (computed once per cycle: the
+        packing horizon and the reservation both ask)."""
+        end = self._ends.get(job.id)
+        if end is None:
+            end = self._ends[job.id] = (
+                self.now + self.snap.grace_s if job.state is JobState.STOPPING
+                else expected_end(job, self.estimate(job), self.now))
+        return end
 
     def _rest_full(self, rest: list[Job], head_done: bool) -> None:
         """No GPU is free: the rest of the queue waits (cheap, for long queues). The first

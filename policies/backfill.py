@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from broker.model import Allocation, Job
 from broker.plan import Reservation
@@ -31,9 +32,9 @@ class Shadow:
     slack_s: float = 0.0  # relaxed backfill: how late a backfilled job may end past the start
     scavengers: list[str] = field(default_factory=list)  # evicted when the reservation is due
 
-    @property
+    @cached_property
     def node_set(self) -> frozenset[str]:
-        return frozenset(self.cap)  # the reserved nodes
+        return frozenset(self.cap)  # the reserved nodes (cap's keys never change)
 
     def allows(self, now: float, estimate: float) -> bool:
         """Does a job of this estimate end before the reservation starts (plus the slack)?"""

@@ -96,12 +96,6 @@ def entitled_gpus(snapshot: Snapshot) -> tuple[dict[str, float], dict[str, int]]
     return {t: gpus * w / total for t, w in weight.items()}, used
 
 
-# job id -> (predictor epoch and settings, effective estimate): a job's effective estimate
-# changes only when the predictor has learnt enough to refresh it. A cache, not state: the
-# order is the same with or without it.
-_EFFECTIVE_ESTIMATES: dict[str, tuple[object, float]] = {}
-
-
 @register("order", "spillway")
 def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     """Spillway's order, from first to last deciding key:
@@ -135,8 +129,12 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     week = 7 * 86400.0
 
     version = getattr(pred, "version", None)  # a predictor that says when it changes
-    epoch = (version, q, floor, rexp, sexp, id(cw)) if version is not None else None
-    memo = _EFFECTIVE_ESTIMATES
+    epoch = (version, q, floor, rexp, sexp, tuple(sorted(cw.items()))) \
+        if version is not None else None
+    # job id -> (epoch, rate), kept on the predictor it was computed from: a cache, not state
+    # (the order is the same without it); the epoch changes when the predictor refreshes
+    cache: dict[str, tuple[object, float]] | None = getattr(pred, "order_cache", None)
+    memo = {} if cache is None else cache
 
     def rate(j: Job) -> float:
         """class weight / effective estimate: how fast the job's score rises while it waits

@@ -44,6 +44,8 @@ class RuntimePredictor:
         self.observed = 0
         # quantile -> job id -> (observed then, estimate)
         self._memos: dict[float | None, dict[str, tuple[int, float]]] = {}
+        # per-job values an order policy derives from the estimates (policies/ordering.py)
+        self.order_cache: dict[str, tuple[object, float]] = {}
 
     REFRESH = 32  # a job's estimate is recomputed after this many new observations
 

@@ -81,22 +81,27 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
     return cluster, trace, meta
 
 
-def _one(args: tuple[SimRequest, str]) -> SimResult:
-    req, policy = args
-    cluster, trace, meta = prepare(req)
+def _run(req: SimRequest, policy: str,
+         prepared: tuple[Cluster, Trace, dict[str, Any]]) -> SimResult:
+    cluster, trace, meta = prepared
     result = Simulation(cluster, trace, policy, check_invariants=req.check).run()
     result.meta = {**result.meta, **meta}
     result.metrics["meta"] = result.meta
     return result
 
 
+def _one(args: tuple[SimRequest, str]) -> SimResult:
+    req, policy = args
+    return _run(req, policy, prepare(req))  # in a worker process: load its own copy
+
+
 def simulate(req: SimRequest, workers: int | None = None) -> list[SimResult]:
     """Run every policy of the request (in parallel processes when there are several)."""
-    prepare(req)  # fail fast, in this process, on bad input
+    prepared = prepare(req)  # fails fast, in this process, on bad input
     jobs = [(req, p) for p in req.policies]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1 or len(jobs) == 1:
-        return [_one(j) for j in jobs]
+        return [_run(req, p, prepared) for p in req.policies]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(_one, jobs))
 
