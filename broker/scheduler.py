@@ -24,6 +24,7 @@ from broker.state import JobState
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
 from policies.backfill import Shadow, release_profile, reserve
+from policies.defrag import plan_moves
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.placement import FreeIndex, Kind
 from policies.predictor import expected_end
@@ -326,7 +327,46 @@ class _Cycle:
 
     def _preempt(self) -> tuple[Preempt, ...]:
         early = self._evict_scavengers()
-        return tuple(early) + self._preempt_for_class({p.job_id for p in early})
+        out = tuple(early) + self._preempt_for_class({p.job_id for p in early})
+        if self.policies.defrag and not out:
+            out = self._defragment()
+        return out
+
+    def _defragment(self) -> tuple[Preempt, ...]:
+        """Move small checkpointable jobs off the nodes the head needs, onto free GPUs
+        elsewhere, when its reservation is far off (policies/defrag.py has the rule)."""
+        sh, snap, now = self.shadow, self.snap, self.now
+        gain = float(snap.settings.get(self.policies.name, {}).get("defrag_min_gain_s", 600.0))
+        if sh is None or sh.reservation.start_at - now < gain:
+            return ()
+        holder = next((j for j in self.blocked if j.id == sh.reservation.job_id), None)
+        if holder is None:
+            return ()
+        kinds = self.index.kinds_by_gpu
+        soon = self._soon_free(kinds)
+        if self._fits(holder, soon):  # room is already being made for it
+            return ()
+        preemptible = {c.name for c in snap.classes if c.preemptible}
+        pool = [j for j in snap.active
+                if j.state is JobState.RUNNING and j.priority in preemptible
+                and j.spec.checkpoint_dir is not None and j.res.nodes == 1
+                and j.res.mig_profile is None and j.started_at is not None
+                and now - j.started_at >= snap.min_runtime_s
+                and self._end_of(j) - now >= gain]
+        if not pool:
+            return ()
+        movable = make_victims(pool, kinds, lambda j: victim_key(
+            j, self.rank.get(j.priority, 0), now, snap.grace_s))
+        moved = plan_moves(holder, self.index, soon, movable)
+        if not moved:
+            return ()
+        ids = ", ".join(v.job.id for v in moved)
+        self.pending[holder.id] = Reason(
+            "Resources", f"first in line; moving {len(moved)} job(s) to free GPUs on other "
+                         f"nodes to make whole nodes for it: {ids}")
+        return tuple(Preempt(v.job.id, v.job.attempt,
+                             f"moved to make whole nodes for {holder.id}: restarts from its "
+                             "checkpoint on free GPUs elsewhere", snap.grace_s) for v in moved)
 
     def _preempt_for_class(self, taken: set[str]) -> tuple[Preempt, ...]:
         snap, now = self.snap, self.now

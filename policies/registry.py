@@ -49,6 +49,9 @@ class PolicySet:
     ``scavenge``: a job that would outlive the reservation may still use the reserved GPUs if
     it is preemptible and checkpoints; it is evicted (SIGTERM, grace, requeue) when the
     reservation is due, so the reservation holds and its GPUs do not sit idle while it drains.
+    ``defrag``: when the reservation is far off but enough GPUs are free on other nodes, move
+    small checkpointable jobs there (checkpoint, restart) to make whole nodes for it now
+    (policies/defrag.py).
     """
 
     order: str = "priority-fifo"
@@ -58,6 +61,7 @@ class PolicySet:
     preempt: str = "priority"
     estimate: str = "limit"
     scavenge: bool = False  # let checkpointable preemptible jobs into a reservation's GPUs
+    defrag: bool = False  # move small checkpointable jobs to make whole nodes for the head
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -86,8 +90,8 @@ BUNDLES: dict[str, PolicySet] = {
     "slurm-like": PolicySet(order="multifactor", backfill="easy", preempt="none",
                             estimate="limit", name="slurm-like"),
     # expected-slowdown order with fair share, held reservations, predicted runtimes,
-    # class preemption and quota reclaim
+    # class preemption and quota reclaim, scavenging and defragmentation
     "spillway": PolicySet(order="spillway", place="aligned", backfill="easy",
                           preempt="priority", estimate="predictor", scavenge=True,
-                          name="spillway"),
+                          defrag=True, name="spillway"),
 }

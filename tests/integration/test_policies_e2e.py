@@ -345,3 +345,79 @@ def test_backfill_in_the_shadow_of_a_reservation(cluster: Cluster, tmp_path: Pat
     assert d_start >= b_end  # (and with 2 GPUs, only after B ended)
     assert_no_gpu_held_twice([a_done, b_done, c_done, d_done])
     assert time.time() - a_started < 60  # the whole story fit inside A's limit
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. defragmentation: a small checkpointable job moves so that a wide one gets a whole node
+
+
+def test_small_job_moves_to_make_a_whole_node_for_a_wide_one(cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    # a move must gain at least this long (600 s by default); the small jobs' 5 min limits
+    # put the wide job's reservation minutes away
+    config.write_text("policy_settings:\n  spillway:\n    defrag_min_gain_s: 5\n")
+    cluster.env["SPILLWAY_CONFIG"] = str(config)
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    release = tmp_path / "release"
+
+    def small(name: str) -> Job:
+        ckpt = tmp_path / f"ckpt-{name}"
+        ckpt.mkdir()
+        script = f"""
+if [ "$SPILLWAY_RESUME" = 1 ]; then
+    echo "resumed on $SPILLWAY_NODE_ID from $(cat "$SPILLWAY_CHECKPOINT_DIR/state")"
+    {gate(release)}
+    exit 0
+fi
+trap 'echo "node=$SPILLWAY_NODE_ID" > "$SPILLWAY_CHECKPOINT_DIR/state"; echo checkpointed; \
+exit 0' TERM
+echo "first on $SPILLWAY_NODE_ID"
+while [ ! -e "{release}" ]; do sleep 0.05; done
+"""
+        return cluster.client.submit(command=script, gpus=1, name=name, time_limit="5m",
+                                     checkpoint_dir=str(ckpt))
+
+    # one small job on each node: A and a filler on n1, then B on n2 once it joins
+    a = small("A")
+    wait_state(cluster, a.id, JobState.RUNNING)
+    filler_gate = tmp_path / "filler"
+    filler = cluster.client.submit(command=gate(filler_gate), gpus=1, name="filler",
+                                   time_limit="5m")
+    wait_state(cluster, filler.id, JobState.RUNNING)
+    cluster.start_agent("n2", "2xA100-80GB")
+    b = small("B")
+    b_running = wait_state(cluster, b.id, JobState.RUNNING)
+    assert b_running.allocations[0].node_id == "n2"
+    filler_gate.touch()
+    cluster.client.wait(filler.id, timeout=30)
+
+    # two GPUs are free, one on each node: the wide job fits nowhere without a move
+    w = cluster.client.submit(command='echo "W on $SPILLWAY_NODE_ID $CUDA_VISIBLE_DEVICES"',
+                              gpus=2, name="W", time_limit="1m")
+    w_done = cluster.client.wait(w.id, timeout=30)
+    assert w_done.state is JobState.SUCCEEDED, w_done.history
+    release.touch()
+    a_done, b_done = (cluster.client.wait(j.id, timeout=30) for j in (a, b))
+    assert [j.state for j in (a_done, b_done)] == [JobState.SUCCEEDED] * 2
+
+    # one of them moved (whichever the victim order and the 1 s minimum runtime allowed):
+    # SIGTERM with the reason, a checkpoint, attempt 2 on the other node
+    moved, stayed = (a_done, b_done) if a_done.attempt == 2 else (b_done, a_done)
+    assert (moved.attempt, stayed.attempt) == (2, 1), (a_done.history, b_done.history)
+    states = [(h.state, h.attempt) for h in moved.history]
+    i = states.index((JobState.STOPPING, 1))
+    assert states[i:i + 3] == [(JobState.STOPPING, 1), (JobState.PREEMPTED, 1),
+                               (JobState.PENDING, 2)], moved.history
+    assert f"moved to make whole nodes for {w.id}" in moved.history[i].reason
+    left = moved.attempts[0].allocations[0].node_id
+    other = stayed.allocations[0].node_id
+    assert left != other
+    assert [x.node_id for x in moved.attempts[1].allocations] == [other]
+    assert log_lines(cluster, moved.id, attempt=2) == [f"resumed on {other} from node={left}"]
+    # W ran on the whole node the moved job left, after its first attempt ended
+    assert [(x.node_id, len(x.gpu_ids)) for x in w_done.allocations] == [(left, 2)]
+    assert span(moved, 1)[1] <= span(w_done)[0]
+    assert_no_gpu_held_twice([a_done, b_done, w_done])
+    assert not any(cluster.store.allocations().values())
