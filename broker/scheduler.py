@@ -24,8 +24,9 @@ from broker.state import JobState
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
 from policies.backfill import Shadow, release_profile, reserve
-from policies.defrag import plan_moves
+from policies.defrag import MOVED, plan_moves
 from policies.fairshare import fairshare_factors, gpus_in_use
+from policies.ordering import SPILLWAY_DEFAULTS
 from policies.placement import FreeIndex, Kind
 from policies.predictor import expected_end
 from policies.preemption import Victim, choose, make_victims, victim_key
@@ -336,11 +337,13 @@ class _Cycle:
         """Move small checkpointable jobs off the nodes the head needs, onto free GPUs
         elsewhere, when its reservation is far off (policies/defrag.py has the rule)."""
         sh, snap, now = self.shadow, self.snap, self.now
-        gain = float(snap.settings.get(self.policies.name, {}).get("defrag_min_gain_s", 600.0))
+        gain = float(snap.settings.get(self.policies.name, {}).get(
+            "defrag_min_gain_s", SPILLWAY_DEFAULTS["defrag_min_gain_s"]))
         if sh is None or sh.reservation.start_at - now < gain:
             return ()
         holder = next((j for j in self.blocked if j.id == sh.reservation.job_id), None)
-        if holder is None:
+        # moved jobs land on free GPUs, so at least the holder's count must be free somewhere
+        if holder is None or self.index.free_devices < holder.res.total_gpus:
             return ()
         kinds = self.index.kinds_by_gpu
         soon = self._soon_free(kinds)
@@ -365,7 +368,7 @@ class _Cycle:
             "Resources", f"first in line; moving {len(moved)} job(s) to free GPUs on other "
                          f"nodes to make whole nodes for it: {ids}")
         return tuple(Preempt(v.job.id, v.job.attempt,
-                             f"moved to make whole nodes for {holder.id}: restarts from its "
+                             f"{MOVED} {holder.id}: restarts from its "
                              "checkpoint on free GPUs elsewhere", snap.grace_s) for v in moved)
 
     def _preempt_for_class(self, taken: set[str]) -> tuple[Preempt, ...]:

@@ -32,6 +32,8 @@ from broker.model import Job
 from policies.placement import FreeIndex, Kind
 from policies.preemption import Victim
 
+MOVED = "moved to make whole nodes for"  # how a move's preemption reason starts
+
 
 def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind, int]],
                movable: list[Victim]) -> list[Victim] | None:
@@ -41,23 +43,26 @@ def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind,
     res = job.res
     if not res.gpus or res.mig_profile is not None:
         return None
+    on_node: dict[tuple[str, Kind], list[tuple[Victim, int]]] = {}  # in victim order
+    for v in movable:
+        for nid, per in v.devices.items():
+            for kind, n in per.items():
+                on_node.setdefault((nid, kind), []).append((v, n))
     best: tuple[tuple[int, int], list[Victim]] | None = None
     for kind in index.wanted(res):
         per_node: list[tuple[tuple[int, int], str, list[Victim]]] = []
         for nid, f in index.nodes.items():
-            if not index.fits_host(f, res, job.spec.sites):
-                continue
             have = soon_free.get(nid, {}).get(kind, 0)
+            here = on_node.get((nid, kind), ())
+            if have + sum(n for _, n in here) < res.gpus \
+                    or not index.fits_host(f, res, job.spec.sites):
+                continue
             chosen: list[Victim] = []
-            for v in movable:
+            for v, got in here:
                 if have >= res.gpus:
                     break
-                got = v.devices.get(nid, {}).get(kind, 0)
-                if got:
-                    chosen.append(v)
-                    have += got
-            if have < res.gpus:
-                continue
+                chosen.append(v)
+                have += got
             for v in reversed(list(chosen)):  # spare the ones not needed after all
                 got = v.devices[nid][kind]
                 if have - got >= res.gpus:
@@ -103,4 +108,4 @@ def _lands(moved: list[Victim], index: FreeIndex, soon_free: Mapping[str, Mappin
     return True
 
 
-__all__ = ["plan_moves"]
+__all__ = ["MOVED", "plan_moves"]

@@ -80,6 +80,8 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
     "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
+    "defrag_min_gain_s": 600.0,  # move jobs for the reservation holder only if its start is
+    # at least this far off (read by the cycle's defragmentation phase, policies/defrag.py)
 }
 
 

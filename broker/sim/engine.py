@@ -33,6 +33,7 @@ from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
 from broker.state import JobState
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
+from policies.defrag import MOVED
 from policies.placement import FreeIndex
 from policies.registry import PolicySet
 from policies.speed import convert_runtime
@@ -219,8 +220,8 @@ class Simulation:
         if run is None or run.attempt != attempt:
             return
         job = self.store.get(job_id)
-        sigterm = next((h.time for h in reversed(job.history)
-                        if h.state is JobState.STOPPING), now)
+        stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
+        sigterm = stop.time if stop is not None else now
         done = (sigterm - run.started) * run.rate
         self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)
         for a in job.allocations:
@@ -228,6 +229,7 @@ class Simulation:
         self.busy -= run.gpus
         rec = self.records[job_id]
         rec.preemptions += 1
+        rec.moves += stop is not None and stop.reason.startswith(MOVED)
         rec.lost_gpu_s += run.gpus * (now - sigterm)
         self.queued_jobs += 1
         self.queued_gpus += run.gpus

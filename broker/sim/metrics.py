@@ -169,7 +169,7 @@ def compute_metrics(
     teams: dict[str, _Group] = defaultdict(_Group)
     classes: dict[str, _Group] = defaultdict(_Group)
     jcts: list[float] = []
-    finished = infeasible = unfinished = started = preemptions = 0
+    finished = infeasible = unfinished = started = preemptions = moves = 0
     lost_gpu_s = 0.0
 
     for rec in result.records:
@@ -178,6 +178,7 @@ def compute_metrics(
         for g in groups:
             g.jobs += 1
         preemptions += rec.preemptions
+        moves += rec.moves
         lost_gpu_s += rec.lost_gpu_s
         team.preemptions += rec.preemptions
         if rec.infeasible:
@@ -233,6 +234,7 @@ def compute_metrics(
         "sla_attainment_by_class": {c: _ratio(g.sla()) for c, g in sorted(classes.items())},
         "jain_fairness": _ratio(jain_index(team_bslds)),
         "preemptions": preemptions,
+        "defrag_moves": moves,  # of the preemptions: moves making whole nodes for a wide job
         "gpu_hours_lost_to_preemption": _r(lost_gpu_s / 3600.0, 2),
         "per_team": {
             t: {

@@ -49,7 +49,8 @@ class JobRecord:
     sla_s: float  # its class's SLA
     first_start_s: float | None = None  # None: never started (infeasible or unfinished)
     end_s: float | None = None
-    preemptions: int = 0
+    preemptions: int = 0  # evictions of any kind, defragmentation moves included
+    moves: int = 0  # of which defragmentation moves (it restarted elsewhere at once)
     lost_gpu_s: float = 0.0  # GPU-seconds of work thrown away by preemptions
     infeasible: bool = False  # could never fit the cluster
 

@@ -63,7 +63,7 @@ TOO_WIDE = tj("wide", 5, 100, 8)  # 8 GPUs on one node: no node has them
 @cache
 def run(policy: str, which: str = "mixed") -> tuple[SimResult, Simulation]:
     tr = {"mixed": MIXED, "wide": trace(*MIXED.jobs, TOO_WIDE), "backfill": BACKFILL,
-          "preempt": PREEMPT, "limit": LIMIT}[which]
+          "preempt": PREEMPT, "limit": LIMIT, "defrag": DEFRAG}[which]
     sim = Simulation(tiny(), tr, policy)
     return sim.run(), sim
 
@@ -227,3 +227,39 @@ def test_the_youngest_victim_even_against_a_job_started_at_time_zero() -> None:
     assert {a.allocations[0].node_id for a in (sim.store.get("A").attempts[0],
                                                 sim.store.get("B").attempts[0])} == {"n-00"}
     assert {r.id for r in result.records if r.preemptions} == {"B"}
+
+
+# -- defragmentation -------------------------------------------------------------------------
+
+# a and b (3 GPUs) take a node each; l1 and l2 (1 GPU, long) fill the last GPU of each; once a
+# and b end, 6 GPUs are free but no node has 4: W can start only if a long job moves
+DEFRAG = trace(
+    tj("a", 0, 700, 3, limit=1400),
+    tj("b", 0, 700, 3, limit=1400),
+    tj("l1", 1, 20_000, 1, limit=40_000),
+    tj("l2", 1, 20_000, 1, limit=40_000),
+    tj("W", 1500, 100, 4, limit=200),
+)
+
+
+def test_spillway_moves_a_small_job_to_start_a_wide_one() -> None:
+    result, _ = run("spillway", "defrag")
+    m = result.metrics
+    assert (m["finished"], m["unfinished"], m["invariant_violations"]) == (5, 0, 0)
+    assert m["defrag_moves"] == m["preemptions"] == 1
+    recs = records(result)
+    assert recs["W"].first_start_s is not None
+    assert recs["W"].first_start_s - 1500 <= 60  # the move's grace period, not hours
+    moved = [r for r in recs.values() if r.moves]
+    assert [r.id for r in moved] == ["l1"]  # victim order: same age, then id
+    assert recs["l1"].preemptions == 1 and recs["l1"].lost_gpu_s > 0
+    # it checkpointed and resumed: it ends about a grace period later than l2
+    assert 0 < recs["l1"].end_s - recs["l2"].end_s <= 60  # type: ignore[operator]
+
+
+def test_slurm_like_waits_for_the_long_jobs_instead() -> None:
+    result, _ = run("slurm-like", "defrag")
+    m = result.metrics
+    assert (m["preemptions"], m["defrag_moves"], m["invariant_violations"]) == (0, 0, 0)
+    recs = records(result)
+    assert recs["W"].first_start_s is not None and recs["W"].first_start_s >= 20_000
