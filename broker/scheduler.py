@@ -44,6 +44,8 @@ def _shape(res: Resources, sites: tuple[str, ...], long: object) -> tuple[object
 def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
     used: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for job in active:
+        if not (job.spec.cpus or job.spec.memory_gb):
+            continue  # nothing to account (GPU-only jobs, every simulated one)
         done = {r for r, _ in job.parts_exited}
         for a in job.allocations:
             if a.rank not in done:
@@ -72,7 +74,7 @@ class _Cycle:
         self.snap, self.policies, self.now = snap, policies, now
         self.order, self.admit, self.place = (policies.resolve(r)
                                               for r in ("order", "admit", "place"))
-        self.index = FreeIndex(snap.nodes, {k: dict(v) for k, v in snap.allocated.items()},
+        self.index = FreeIndex(snap.nodes, snap.allocated,  # (only read)
                                _used_cpu_mem(snap.active))
         self.rank = {c.name: c.rank for c in snap.classes}
         self.starts: list[Start] = []
@@ -200,8 +202,9 @@ class _Cycle:
         kept = [i for i in prev.scavengers if i in active_ids] \
             if prev is not None and prev.job_id == job.id else []
         evictable = set(kept)  # they leave when the reservation is due: count them free now
-        running = [(j.allocations, self.now if j.id in evictable else self._end_of(j))
-                   for j in self.snap.active]
+        ends, end_of = self._ends, self._end_of  # (its memo, inlined: every running job)
+        running = [(j.allocations, self.now if j.id in evictable
+                    else ends[j.id] if j.id in ends else end_of(j)) for j in self.snap.active]
         running += [(s.allocations, end) for s, (_, end) in zip(self.starts, self.started)]
         shadow = reserve(job, self.index, release_profile(self.index, running), self.now)
         if shadow is not None:
@@ -230,7 +233,8 @@ class _Cycle:
         for pos, job in enumerate(rest):
             if head_done:  # the common case: the whole tail waits, in one step
                 tail = rest[pos:]
-                ok = [j for j in tail if j.res.gpus and feasible(j.res)]
+                known = self.index.feasible_memo  # inlined: long tails, every cycle
+                ok = [j for j in tail if j.res.gpus and (known.get(j.res.key) or feasible(j.res))]
                 self.pending.update(dict.fromkeys([j.id for j in ok], _FIFO if strict else _FULL))
                 self.blocked.extend(ok)
                 if len(ok) != len(tail):  # CPU-only or infeasible jobs: one by one

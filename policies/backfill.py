@@ -50,13 +50,17 @@ class Shadow:
 def release_profile(index: FreeIndex,
                     running: Iterable[tuple[tuple[Allocation, ...], float]]) -> Profile:
     """When each node's busy devices are expected back, by kind, soonest first."""
-    kinds = index.kinds_by_gpu
+    kinds, uniform = index.kinds_by_gpu, index.uniform
     acc: dict[str, dict[Kind, dict[float, int]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(int)))
     for allocs, end in running:
         for a in allocs:
             node_kinds = kinds.get(a.node_id)
-            if node_kinds is None:
+            if node_kinds is None or not a.gpu_ids:
+                continue
+            one = uniform.get(a.node_id)
+            if one is not None and a.gpu_ids[0] in node_kinds:  # one kind there: count at once
+                acc[a.node_id][one][end] += len(a.gpu_ids)
                 continue
             for gid in a.gpu_ids:
                 kind = node_kinds.get(gid)

@@ -154,9 +154,14 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
     # score = mult x class weight x (1 + wait / e) = mult x (w + rate x wait), decorated so
     # that the sort compares tuples in C; the index keeps it stable and total
+    none: dict[str, tuple[object, float]] = {}
+    cached = (memo if epoch is not None else none).get  # rate(), inlined: long queues
+
     decorated = [
         (urgent.get(j.priority, 0), j.id != holder, j.team not in owed,
-         -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + rate(j) * (now - j.submitted_at)))
+         -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
+             m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
+             * (now - j.submitted_at)))
          if not 0 < starve <= now - j.submitted_at else -1e12 - (now - j.submitted_at),
          j.submitted_at, j.id, i)
         for i, j in enumerate(jobs)]

@@ -51,15 +51,45 @@ class _NodeFree:
     mem: float
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A node's devices by kind, in index order (what does not change from cycle to cycle)."""
+
+    node: Node
+    kinds: dict[str, Kind]  # GPU id -> kind
+    devices: dict[Kind, tuple[Gpu, ...]]
+
+
+_LAYOUTS: dict[str, _Layout] = {}  # node id -> its layout, while the node object is the same
+
+
+def _layout(node: Node) -> _Layout:
+    cached = _LAYOUTS.get(node.id)
+    if cached is not None and cached.node is node:
+        return cached
+    kinds: dict[str, Kind] = {}
+    per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
+    for gpu in node.allocatable:
+        kind = kinds[gpu.id] = kind_of(gpu)
+        per_kind[kind].append(gpu)
+    layout = _Layout(node, kinds, {k: tuple(sorted(v, key=lambda g: g.index))
+                                   for k, v in per_kind.items()})
+    if len(_LAYOUTS) > 100_000:
+        _LAYOUTS.clear()
+    _LAYOUTS[node.id] = layout
+    return layout
+
+
 class FreeIndex:
     """Mutable view of free capacity for one cycle. ``take`` updates it as jobs are placed."""
 
-    def __init__(self, nodes: Iterable[Node], allocated: dict[str, dict[str, str]] | None = None,
+    def __init__(self, nodes: Iterable[Node],
+                 allocated: Mapping[str, Mapping[str, str]] | None = None,
                  used_cpu_mem: dict[str, tuple[float, float]] | None = None) -> None:
         allocated = allocated or {}
         used_cpu_mem = used_cpu_mem or {}
         self.nodes: dict[str, _NodeFree] = {}
-        self._feasible: dict[tuple[object, ...], bool] = {}  # keyed by Resources.key
+        self.feasible_memo: dict[tuple[object, ...], bool] = {}  # keyed by Resources.key
         self._wanted: dict[tuple[object, ...], list[Kind]] = {}
         self._by_speed: dict[tuple[object, ...], list[Kind]] = {}
         self.total: dict[Kind, list[int]] = defaultdict(list)  # kind -> per-node device counts
@@ -67,32 +97,30 @@ class FreeIndex:
             lambda: defaultdict(dict))
         self.free_devices = 0  # free devices of every kind on ready nodes
         self.kinds_by_gpu: dict[str, dict[str, Kind]] = {}  # node -> GPU id -> kind
+        self.uniform: dict[str, Kind] = {}  # node -> its one device kind, if it has one
         for node in nodes:
             held = allocated.get(node.id, {})
-            per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
-            totals: dict[Kind, int] = defaultdict(int)
-            gpu_kinds = self.kinds_by_gpu[node.id] = {}
-            for gpu in node.allocatable:
-                kind = gpu_kinds[gpu.id] = kind_of(gpu)
-                totals[kind] += 1
-                if gpu.id not in held:
-                    per_kind[kind].append(gpu)
-            for k, n in totals.items():
-                self.total[k].append(n)
+            layout = _layout(node)
+            self.kinds_by_gpu[node.id] = layout.kinds  # shared, read-only
+            if len(layout.devices) == 1:
+                self.uniform[node.id] = next(iter(layout.devices))
+            for k, devs in layout.devices.items():
+                self.total[k].append(len(devs))
             if node.state is not NodeState.READY:
                 continue
             ucpu, umem = used_cpu_mem.get(node.id, (0.0, 0.0))
             free = _NodeFree(
                 node,
-                {k: sorted(v, key=lambda g: g.index) for k, v in per_kind.items()},
+                {k: [g for g in devs if g.id not in held] if held else list(devs)
+                 for k, devs in layout.devices.items()},
                 node.cpus - ucpu if node.cpus else float("inf"),
                 node.memory_gb - umem if node.memory_gb else float("inf"),
             )
             self.nodes[node.id] = free
-            for k, devs in free.devices.items():
-                self.free_devices += len(devs)
-                if devs:
-                    self._buckets[k][len(devs)][node.id] = None
+            for k, free_devs in free.devices.items():
+                self.free_devices += len(free_devs)
+                if free_devs:
+                    self._buckets[k][len(free_devs)][node.id] = None
 
     @property
     def kinds(self) -> list[Kind]:
@@ -110,9 +138,9 @@ class FreeIndex:
 
     def feasible_ever(self, res: Resources) -> bool:
         """Could the job fit on the cluster if it were empty?"""
-        ok = self._feasible.get(res.key)
+        ok = self.feasible_memo.get(res.key)
         if ok is None:
-            ok = self._feasible[res.key] = any(
+            ok = self.feasible_memo[res.key] = any(
                 sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
                 for k in self.wanted(res)
             ) or (res.gpus == 0 and bool(self.nodes))
