@@ -360,6 +360,14 @@ class _Cycle:
                 and j.res.mig_profile is None and j.started_at is not None
                 and now - j.started_at >= snap.min_runtime_s
                 and self._end_of(j) - now >= gain]
+        # only nodes where the holder could fit once their movable jobs left (the same test
+        # plan_moves makes per device kind; this one, on all kinds, is a cheap superset)
+        need = holder.res.gpus
+        on_node: dict[str, int] = defaultdict(int)
+        for j in pool:
+            on_node[j.allocations[0].node_id] += j.res.gpus
+        pool = [j for j in pool if (n := j.allocations[0].node_id) and on_node[n]
+                + sum(soon[n].values()) >= need] if pool else pool
         if not pool:
             return ()
         movable = make_victims(pool, kinds, lambda j: victim_key(
