@@ -74,8 +74,8 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this
     "runtime_exponent": 1.0,  # < 1 ages long jobs relatively faster
     "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
-    "fairshare_tier": 0.7,  # teams whose fair-share factor is at least this go first (0: off)
-    "share_tier": 0.25,  # so do teams holding less than this x their share of the GPUs now
+    "fairshare_tier": 0.85,  # teams whose fair-share factor is at least this go first (0: off)
+    "share_tier": 0.0,  # > 0: so do teams holding less than this x their share of the GPUs now
     "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
