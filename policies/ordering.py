@@ -106,8 +106,8 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        every other class shares one queue;
     2. the job holding the reservation (it holds from cycle to cycle, so a wide job's drain is
        never wasted by a newcomer taking its place);
-    3. teams that are owed service: a fair-share factor of at least ``fairshare_tier``, or
-       fewer GPUs held now than ``share_tier`` x their weighted share of the cluster;
+    3. teams that are owed service: a fair-share factor of at least ``fairshare_tier`` (or,
+       with ``share_tier`` set, fewer GPUs held now than that x their weighted share);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
        runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
        smallest jobs go first, and every job's priority keeps rising while it waits (with
