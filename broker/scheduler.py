@@ -366,8 +366,8 @@ class _Cycle:
         on_node: dict[str, int] = defaultdict(int)
         for j in pool:
             on_node[j.allocations[0].node_id] += j.res.gpus
-        pool = [j for j in pool if (n := j.allocations[0].node_id) and on_node[n]
-                + sum(soon[n].values()) >= need] if pool else pool
+        pool = [j for j in pool if on_node[j.allocations[0].node_id]
+                + sum(soon[j.allocations[0].node_id].values()) >= need]
         if not pool:
             return ()
         movable = make_victims(pool, kinds, lambda j: victim_key(
