@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -100,7 +100,7 @@ CLASS_KEYS = tuple(f.name for f in fields(PriorityClass))
 TEAM_KEYS = tuple(f.name for f in fields(Team))
 
 
-def is_whole(value: Any) -> bool:
+def is_whole(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -129,7 +129,7 @@ def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClas
             raise ConfigError(f"{at}.name: {name!r} repeats an earlier class; names must be "
                               "unique")
         rank = item.get("rank")
-        if not isinstance(rank, int) or isinstance(rank, bool):
+        if not is_whole(rank):
             raise ConfigError(f"{at}.rank: {rank!r} must be a whole number (higher runs first)")
         sla = item.get("sla_s", 3600.0)
         try:

@@ -353,9 +353,8 @@ class _Cycle:
         soon = self._soon_free(kinds)
         if self._fits(holder, soon):  # room is already being made for it
             return ()
-        preemptible = {c.name for c in snap.classes if c.preemptible}
         pool = [j for j in snap.active
-                if j.state is JobState.RUNNING and j.priority in preemptible
+                if j.state is JobState.RUNNING and j.priority in self.preemptible
                 and j.spec.checkpoint_dir is not None and j.res.nodes == 1
                 and j.res.mig_profile is None and j.started_at is not None
                 and now - j.started_at >= snap.min_runtime_s
@@ -398,9 +397,8 @@ class _Cycle:
             return ()
         kinds = self.index.kinds_by_gpu
         soon = self._soon_free(kinds)
-        preemptible = {c.name for c in snap.classes if c.preemptible}
         pool = [j for j in snap.active
-                if j.state is JobState.RUNNING and j.priority in preemptible
+                if j.state is JobState.RUNNING and j.priority in self.preemptible
                 and j.started_at is not None and now - j.started_at >= snap.min_runtime_s]
         victims = make_victims(pool, kinds, lambda j: victim_key(
             j, self.rank.get(j.priority, 0), now, snap.grace_s))

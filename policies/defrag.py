@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from broker.model import Job
 from policies.placement import FreeIndex, Kind
-from policies.preemption import Victim
+from policies.preemption import Victim, take_until_fits
 
 MOVED = "moved to make whole nodes for"  # how a move's preemption reason starts
 
@@ -57,17 +57,9 @@ def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind,
             if have + sum(n for _, n in here) < res.gpus \
                     or not index.fits_host(f, res, job.spec.sites):
                 continue
-            chosen: list[Victim] = []
-            for v, got in here:
-                if have >= res.gpus:
-                    break
-                chosen.append(v)
-                have += got
-            for v in reversed(list(chosen)):  # spare the ones not needed after all
-                got = v.devices[nid][kind]
-                if have - got >= res.gpus:
-                    chosen.remove(v)
-                    have -= got
+            chosen = take_until_fits(have, res.gpus, here)
+            if chosen is None:
+                continue
             per_node.append(((sum(v.job.res.total_gpus for v in chosen), len(chosen)), nid,
                              chosen))
         if len(per_node) < res.nodes:

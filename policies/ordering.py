@@ -140,10 +140,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
     def rate(j: Job) -> float:
         """class weight / effective estimate: how fast the job's score rises while it waits
-        (cached until the predictor refreshes its estimate)."""
-        m = memo.get(j.id)
-        if m is not None and m[0] == epoch and epoch is not None:
-            return m[1]
+        (stored until the predictor refreshes its estimate; looked up below)."""
         e = pred.estimate(j, q) if pred is not None else (j.spec.time_limit or math.inf)
         e = max(floor, e if e < math.inf else week) ** rexp * j.res.total_gpus ** sexp
         r = cw.get(j.priority, 1.0) / e

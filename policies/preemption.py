@@ -61,6 +61,26 @@ def make_victims(jobs: Iterable[Job], kinds: dict[str, dict[str, Kind]],
     return out
 
 
+def take_until_fits(have: int, need: int, offers: Iterable[tuple[Victim, int]]
+                    ) -> list[Victim] | None:
+    """On one node: take ``offers`` (victim, devices it frees there), in order, until ``have``
+    free devices reach ``need``, then spare any not needed after all, latest first; None if
+    they never reach it. ``offers`` is consumed lazily: nothing past the fit is looked at."""
+    chosen: list[tuple[Victim, int]] = []
+    if have < need:
+        for v, got in offers:
+            chosen.append((v, got))
+            have += got
+            if have >= need:
+                break
+        else:
+            return None
+    for i in range(len(chosen) - 1, -1, -1):
+        if have - chosen[i][1] >= need:
+            have -= chosen.pop(i)[1]
+    return [v for v, _ in chosen]
+
+
 def choose(job: Job, index: FreeIndex, soon_free: dict[str, dict[Kind, int]],
            victims: list[Victim], allowed: Callable[[Victim], bool]) -> list[Victim] | None:
     """The victims to evict so that ``job`` fits, or None if no allowed set makes room.
@@ -73,22 +93,11 @@ def choose(job: Job, index: FreeIndex, soon_free: dict[str, dict[Kind, int]],
         for nid, f in index.nodes.items():
             if not index.fits_host(f, res, job.spec.sites):
                 continue
-            have = soon_free.get(nid, {}).get(kind, 0)
-            chosen: list[Victim] = []
-            for v in victims:
-                if have >= res.gpus:
-                    break
-                got = v.devices.get(nid, {}).get(kind, 0)
-                if got and allowed(v):
-                    chosen.append(v)
-                    have += got
-            if have < res.gpus:
+            offers = ((v, got) for v in victims
+                      if (got := v.devices.get(nid, {}).get(kind, 0)) and allowed(v))
+            chosen = take_until_fits(soon_free.get(nid, {}).get(kind, 0), res.gpus, offers)
+            if chosen is None:
                 continue
-            for v in reversed(list(chosen)):  # spare the ones not needed after all
-                got = v.devices[nid][kind]
-                if have - got >= res.gpus:
-                    chosen.remove(v)
-                    have -= got
             cost = (len(chosen), sum(v.lost for v in chosen))
             per_node.append((cost, nid, chosen))
         if len(per_node) < res.nodes:

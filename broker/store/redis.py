@@ -364,10 +364,7 @@ class RedisStore(BaseStore):
         pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-", count=5000)
         pipe.get(self._k_reservation)
         raw_usage, batch, reservation = pipe.execute()
-        usage = {}
-        for team, raw in raw_usage.items():
-            value, at = json.loads(raw)
-            usage[_str(team)] = (float(value), float(at))
+        usage = self._parse_usage(raw_usage)
         samples, cursor = self._parse_samples(batch, cursor)
         if len(batch) == 5000:  # a long backlog (a new scheduler): read the rest
             more, cursor = self._read_runtimes(cursor)
@@ -385,8 +382,12 @@ class RedisStore(BaseStore):
         return out, cursor
 
     def _read_usage(self) -> dict[str, tuple[float, float]]:
+        return self._parse_usage(self.redis.hgetall(self._k_usage))
+
+    @staticmethod
+    def _parse_usage(raw_usage: Any) -> dict[str, tuple[float, float]]:
         out = {}
-        for team, raw in self.redis.hgetall(self._k_usage).items():
+        for team, raw in raw_usage.items():
             value, at = json.loads(raw)
             out[_str(team)] = (float(value), float(at))
         return out
