@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from itertools import islice
 
-from broker.model import Job, Reason, Resources
+from broker.model import Allocation, Job, Reason, Resources
 from broker.plan import Plan, Preempt, Snapshot, Start
 from broker.state import JobState
 from policies import ordering as _ordering  # noqa: F401  (registers the built-in policies)
 from policies import placement as _placement  # noqa: F401
 from policies.backfill import Shadow, release_profile, reserve
-from policies.defrag import MOVED, plan_moves
+from policies.defrag import MOVED, Landing, plan_landings, was_moved
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.ordering import SPILLWAY_DEFAULTS
 from policies.placement import FreeIndex, Kind
@@ -86,6 +86,8 @@ class _Cycle:
         self._ends: dict[str, float] = {}
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
+        self.early_moves: tuple[Job, list[Victim]] | None = None  # planned before backfill
+        self.defrag = policies.defrag and policies.preempt != "none"
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
         if policies.place == "aligned":
             self.horizon = {}
@@ -106,6 +108,8 @@ class _Cycle:
 
     def run(self, explain: bool = False) -> Plan:
         queue: list[Job] = self.order(self.snap, self.snap.pending)  # 1
+        if self.defrag:
+            self._hold_landings()
         strict = self.policies.backfill == "none"
         failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
         head_blocked = False
@@ -143,6 +147,8 @@ class _Cycle:
                 if not strict:
                     self.shadow = self._reserve(job)
                 self.pending[job.id] = self._head_reason(res)
+                if self.defrag:
+                    self._defrag_early(job)
                 continue
             failed[shape] = self.pending[job.id] = self._blocked_reason(job, long)
         preemptions = self._preempt() if self.policies.preempt != "none" else ()  # 5
@@ -334,25 +340,67 @@ class _Cycle:
         early = self._evict_scavengers()
         out = tuple(early) + self._preempt_for_class({p.job_id for p in early})
         if self.policies.defrag and not out:
-            out = self._defragment()
+            out = self._move(*self.early_moves) if self.early_moves else self._defragment()
         return out
+
+    def _moving(self, job: Job) -> bool:
+        """Is this job stopping to be moved by defragmentation?"""
+        return job.state is JobState.STOPPING and was_moved(job)
+
+    def _hold_landings(self) -> None:
+        """Jobs being moved restart on free GPUs once they have checkpointed: keep free GPUs
+        for them meanwhile (off the reserved nodes), so that backfill does not take them."""
+        moving = [j for j in self.snap.active if self._moving(j)]
+        if not moving:
+            return
+        sh = self.snap.reservation
+        off = set(sh.node_ids) if sh is not None else set()
+        only = [nid for nid in self.index.nodes if nid not in off]
+        for j in sorted(moving, key=lambda j: (-j.res.gpus, j.id)):
+            allocs = self.index.find(j.res, j.spec.sites, only=only)
+            if allocs is not None:
+                self.index.take(allocs, j.res)
+
+    def _defrag_early(self, holder: Job) -> None:
+        """Plan the moves for the reservation holder before backfill takes the free GPUs
+        they would land on, and keep those GPUs free for them."""
+        planned = self._plan_moves(holder)
+        if not planned:
+            return
+        for v, nid, kind in planned:
+            devs = self.index.nodes[nid].devices.get(kind, [])
+            if len(devs) >= v.job.res.gpus:  # (not if it lands on GPUs being freed)
+                self.index.take((Allocation(nid, tuple(g.id for g in devs[: v.job.res.gpus]),
+                                            0),), v.job.res)
+        moved = [v for v, _, _ in planned]
+        for v in moved:  # they free their GPUs within the grace period: reserve those
+            self._ends[v.job.id] = self.now + self.snap.grace_s
+        self.shadow = self._reserve(holder) or self.shadow
+        self.early_moves = (holder, moved)
 
     def _defragment(self) -> tuple[Preempt, ...]:
         """Move small checkpointable jobs off the nodes the head needs, onto free GPUs
         elsewhere, when its reservation is far off (policies/defrag.py has the rule)."""
+        holder = next((j for j in self.blocked if self.shadow is not None
+                       and j.id == self.shadow.reservation.job_id), None)
+        planned = self._plan_moves(holder) if holder is not None else None
+        return self._move(holder, [v for v, _, _ in planned]) \
+            if holder is not None and planned else ()
+
+    def _plan_moves(self, holder: Job) -> list[Landing] | None:
         sh, snap, now = self.shadow, self.snap, self.now
         gain = float(snap.settings.get(self.policies.name, {}).get(
             "defrag_min_gain_s", SPILLWAY_DEFAULTS["defrag_min_gain_s"]))
-        if sh is None or sh.reservation.start_at - now < gain:
-            return ()
-        holder = next((j for j in self.blocked if j.id == sh.reservation.job_id), None)
+        if sh is None or sh.reservation.job_id != holder.id \
+                or sh.reservation.start_at - now < gain:
+            return None
         # moved jobs land on free GPUs, so at least the holder's count must be free somewhere
-        if holder is None or self.index.free_devices < holder.res.total_gpus:
-            return ()
+        if self.index.free_devices < holder.res.total_gpus:
+            return None
         kinds = self.index.kinds_by_gpu
         soon = self._soon_free(kinds)
         if self._fits(holder, soon):  # room is already being made for it
-            return ()
+            return None
         pool = [j for j in snap.active
                 if j.state is JobState.RUNNING and j.priority in self.preemptible
                 and j.spec.checkpoint_dir is not None and j.res.nodes == 1
@@ -368,19 +416,20 @@ class _Cycle:
         pool = [j for j in pool if on_node[j.allocations[0].node_id]
                 + sum(soon[j.allocations[0].node_id].values()) >= need]
         if not pool:
-            return ()
+            return None
         movable = make_victims(pool, kinds, lambda j: victim_key(
             j, self.rank.get(j.priority, 0), now, snap.grace_s))
-        moved = plan_moves(holder, self.index, soon, movable)
-        if not moved:
-            return ()
+        return plan_landings(holder, self.index, soon, movable)
+
+    def _move(self, holder: Job, moved: list[Victim]) -> tuple[Preempt, ...]:
         ids = ", ".join(v.job.id for v in moved)
         self.pending[holder.id] = Reason(
             "Resources", f"first in line; moving {len(moved)} job(s) to free GPUs on other "
                          f"nodes to make whole nodes for it: {ids}")
         return tuple(Preempt(v.job.id, v.job.attempt,
                              f"{MOVED} {holder.id}: restarts from its "
-                             "checkpoint on free GPUs elsewhere", snap.grace_s) for v in moved)
+                             "checkpoint on free GPUs elsewhere", self.snap.grace_s)
+                     for v in moved)
 
     def _preempt_for_class(self, taken: set[str]) -> tuple[Preempt, ...]:
         snap, now = self.snap, self.now

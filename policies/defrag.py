@@ -29,10 +29,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker.model import Job
+from broker.state import JobState
 from policies.placement import FreeIndex, Kind
 from policies.preemption import Victim, take_until_fits
 
 MOVED = "moved to make whole nodes for"  # how a move's preemption reason starts
+
+
+def was_moved(job: Job) -> bool:
+    """Was the job's last stop a move by defragmentation?"""
+    for h in reversed(job.history):
+        if h.state is JobState.STOPPING:
+            return h.reason.startswith(MOVED)
+    return False
+
+
+Landing = tuple[Victim, str, Kind]  # a moved job, the node and the device kind it restarts on
 
 
 def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind, int]],
@@ -40,6 +52,13 @@ def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind,
     """The jobs to move so that ``job`` can start on whole nodes, or None.
 
     ``movable`` is sorted in victim order; ``soon_free`` counts devices free or being freed."""
+    planned = plan_landings(job, index, soon_free, movable)
+    return None if planned is None else [v for v, _, _ in planned]
+
+
+def plan_landings(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind, int]],
+                  movable: list[Victim]) -> list[Landing] | None:
+    """:func:`plan_moves`, with where each moved job lands."""
     res = job.res
     if not res.gpus or res.mig_profile is not None:
         return None
@@ -48,7 +67,7 @@ def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind,
         for nid, per in v.devices.items():
             for kind, n in per.items():
                 on_node.setdefault((nid, kind), []).append((v, n))
-    best: tuple[tuple[int, int], list[Victim]] | None = None
+    best: tuple[tuple[int, int], list[Landing]] | None = None
     for kind in index.wanted(res):
         per_node: list[tuple[tuple[int, int], str, list[Victim]]] = []
         for nid, f in index.nodes.items():
@@ -70,18 +89,21 @@ def plan_moves(job: Job, index: FreeIndex, soon_free: Mapping[str, Mapping[Kind,
         if not moved:
             continue  # it fits without moving anything: placement's business, not ours
         others = {nid for nid in index.nodes} - {nid for _, nid, _ in picked}
-        if not _lands(moved, index, soon_free, others):
+        spots = _lands(moved, index, soon_free, others)
+        if spots is None:
             continue
         cost = (sum(v.job.res.total_gpus for v in moved), len(moved))
         if best is None or cost < best[0]:
-            best = (cost, moved)
+            best = (cost, [(v, spots[v.job.id][0], spots[v.job.id][1]) for v in moved])
     return None if best is None else best[1]
 
 
 def _lands(moved: list[Victim], index: FreeIndex, soon_free: Mapping[str, Mapping[Kind, int]],
-           nodes: set[str]) -> bool:
-    """Can every moved job start now on ``nodes``' free devices? Largest first, best fit."""
+           nodes: set[str]) -> dict[str, tuple[str, Kind]] | None:
+    """Where every moved job starts now on ``nodes``' free devices (job id -> node, kind), or
+    None if one cannot. Largest first, best fit."""
     free = {nid: dict(soon_free.get(nid, {})) for nid in sorted(nodes)}
+    out: dict[str, tuple[str, Kind]] = {}
     for v in sorted(moved, key=lambda v: (-v.job.res.gpus, v.job.id)):
         res = v.job.res
         wanted = index.wanted(res)
@@ -95,9 +117,10 @@ def _lands(moved: list[Victim], index: FreeIndex, soon_free: Mapping[str, Mappin
                 if n >= res.gpus and (spot is None or (n, nid) < spot[:2]):
                     spot = (n, nid, kind)
         if spot is None:
-            return False
+            return None
         free[spot[1]][spot[2]] -= res.gpus
-    return True
+        out[v.job.id] = (spot[1], spot[2])
+    return out
 
 
-__all__ = ["MOVED", "plan_moves"]
+__all__ = ["MOVED", "Landing", "plan_landings", "plan_moves", "was_moved"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from broker.model import Job
 from broker.plan import Snapshot
+from policies.defrag import was_moved
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
@@ -155,7 +156,9 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     cached = (memo if epoch is not None else none).get  # rate(), inlined: long queues
 
     decorated = [
-        (urgent.get(j.priority, 0), j.id != holder, j.team not in owed,
+        (urgent.get(j.priority, 0),
+         j.id != holder, j.id != holder and not (j.attempt > 1 and was_moved(j)),
+         j.team not in owed,
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
              * (now - j.submitted_at)))
@@ -163,7 +166,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
          j.submitted_at, j.id, i)
         for i, j in enumerate(jobs)]
     decorated.sort()
-    return [jobs[t[6]] for t in decorated]
+    return [jobs[t[7]] for t in decorated]
 
 
 @register("admit", "admit-all")

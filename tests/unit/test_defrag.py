@@ -11,9 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from broker.model import Job
+from broker.model import HistoryEntry, Job
+from broker.plan import Reservation
 from broker.scheduler import run_cycle
 from broker.state import JobState
+from policies.defrag import MOVED
 from policies.registry import PolicySet
 from tests.builders import node
 from tests.unit.test_preemption import evicted, pending, running, snap
@@ -155,3 +157,64 @@ def test_mig_and_cpu_only_jobs_never_move_anything() -> None:
     for head in (wide(n=1, mig_profile="3g.40gb"), wide(n=0)):
         assert plan_moves(head, index, soon, victims) is None
     assert plan_moves(wide(), index, soon, victims) == victims  # a whole-GPU head would
+
+
+# -- moves planned before backfill, and their landing GPUs kept -----------------------------
+
+def _moving(j: Job, holder: str = "w") -> Job:
+    """``j`` was told to stop so that it moves (defragmentation), and is checkpointing."""
+    stop = HistoryEntry(JobState.STOPPING, NOW - 10, f"{MOVED} {holder}: restarts", j.attempt)
+    return replace(j, state=JobState.STOPPING, stop_target=JobState.PREEMPTED,
+                   history=(*j.history, stop))
+
+
+def test_moves_are_planned_before_backfill_takes_the_landing_gpus() -> None:
+    """A short job behind the head would backfill into the only free GPUs a move can land on
+    (and, the phase coming last, nothing would move). The move is planned first: the landing
+    GPUs are kept for the moved job and the reservation is on the node being freed, at once."""
+    nodes = [node("a", 4), node("b", 4)]
+    active = [mover("s1", 2, "a", started=1000), mover("s2", 2, "b", started=2000)]
+    short = pending("x", 2, priority="normal", submitted=6000.0, time_limit=3_600)
+    plan = run_cycle(snap(nodes, [wide(), short], active), DEFRAG)
+    assert evicted(plan) == {"s2"}
+    assert plan.starts == ()
+    assert plan.reservation is not None
+    assert plan.reservation.node_ids == ("b",)
+    assert plan.reservation.start_at == NOW + snap(nodes, [], []).grace_s
+    assert "moving 1 job(s)" in plan.pending["w"].message
+
+
+def test_landing_gpus_are_kept_while_the_moved_job_checkpoints() -> None:
+    """s2 is stopping to move off b (reserved for w); the free GPUs on a are its landing spot:
+    a long job behind does not take them (nor b's, which the reservation keeps)."""
+    nodes = [node("a", 4), node("b", 4)]
+    active = [mover("s1", 2, "a"), _moving(mover("s2", 2, "b", started=2000))]
+    long_job = pending("x", 2, priority="normal", submitted=6000.0, time_limit=86_400)
+    reservation = Reservation("w", NOW + 20, ("b",), "A100-80GB")
+    plan = run_cycle(snap(nodes, [wide(), long_job], active, reservation=reservation), DEFRAG)
+    assert plan.starts == ()
+    assert plan.preemptions == ()
+    # without the move under way the same job starts on a at once
+    plan = run_cycle(snap(nodes, [wide(), long_job],
+                          [active[0], replace(active[1], history=())],
+                          reservation=reservation), DEFRAG)
+    assert [(s.job_id, s.allocations[0].node_id) for s in plan.starts] == [("x", "a")]
+
+
+def test_a_moved_job_restarts_first_under_spillways_order() -> None:
+    """Requeued after its move, a job goes right after the reservation holder, ahead of the
+    jobs that would otherwise take its landing GPUs; a job preempted for another reason does
+    not."""
+    from policies.ordering import spillway as spillway_order
+
+    moved = replace(_moving(mover("m", 2, "a")), state=JobState.PENDING, allocations=(),
+                    attempt=2, started_at=None, submitted_at=9_000.0)
+    other = replace(moved, id="p", history=tuple(replace(h, reason="preempted by crit")
+                                                 for h in moved.history))
+    small = pending("x", 1, priority="normal", submitted=1_000.0, time_limit=600)
+    holder = wide()
+    s = snap([node("a", 4)], [small, other, moved, holder], [],
+             reservation=Reservation("w", NOW + 20, ("a",), "A100-80GB"))
+    order = [j.id for j in spillway_order(s, s.pending)]
+    assert order[:2] == ["w", "m"]
+    assert order.index("x") < order.index("p")
