@@ -5,6 +5,8 @@
 3 place in order on free capacity, best fit; the first job that cannot be placed gets
 4 a reservation (EASY backfill): later jobs start only if they do not delay it; with
   ``backfill: none`` the first blocked job blocks every later one (strict order)
+  (with defragmentation, the moves that make whole nodes for that job are planned right
+  then, before backfill, and their landing GPUs kept; see policies/defrag.py)
 5 preempt where a class allows it, or to reclaim a team's guaranteed quota
 6 burst (later)   7 defer for carbon (later)
 8 a reason for every job left pending
@@ -339,8 +341,8 @@ class _Cycle:
     def _preempt(self) -> tuple[Preempt, ...]:
         early = self._evict_scavengers()
         out = tuple(early) + self._preempt_for_class({p.job_id for p in early})
-        if self.policies.defrag and not out:
-            out = self._move(*self.early_moves) if self.early_moves else self._defragment()
+        if self.early_moves is not None and not out:  # (planned before backfill)
+            out = self._move(*self.early_moves)
         return out
 
     def _moving(self, job: Job) -> bool:
@@ -355,7 +357,7 @@ class _Cycle:
             return
         sh = self.snap.reservation
         off = set(sh.node_ids) if sh is not None else set()
-        only = [nid for nid in self.index.nodes if nid not in off]
+        only = {nid for nid in self.index.nodes if nid not in off}
         for j in sorted(moving, key=lambda j: (-j.res.gpus, j.id)):
             allocs = self.index.find(j.res, j.spec.sites, only=only)
             if allocs is not None:
@@ -378,16 +380,9 @@ class _Cycle:
         self.shadow = self._reserve(holder) or self.shadow
         self.early_moves = (holder, moved)
 
-    def _defragment(self) -> tuple[Preempt, ...]:
-        """Move small checkpointable jobs off the nodes the head needs, onto free GPUs
-        elsewhere, when its reservation is far off (policies/defrag.py has the rule)."""
-        holder = next((j for j in self.blocked if self.shadow is not None
-                       and j.id == self.shadow.reservation.job_id), None)
-        planned = self._plan_moves(holder) if holder is not None else None
-        return self._move(holder, [v for v, _, _ in planned]) \
-            if holder is not None and planned else ()
-
     def _plan_moves(self, holder: Job) -> list[Landing] | None:
+        """Which small checkpointable jobs to move off the nodes the holder needs, and onto
+        which free GPUs, when its reservation is far off (policies/defrag.py has the rule)."""
         sh, snap, now = self.shadow, self.snap, self.now
         gain = float(snap.settings.get(self.policies.name, {}).get(
             "defrag_min_gain_s", SPILLWAY_DEFAULTS["defrag_min_gain_s"]))

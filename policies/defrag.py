@@ -22,6 +22,11 @@ The rule, deterministic and the same on every site:
   order) are chosen;
 - every moved job must fit *now* on the free GPUs of the other nodes (of a type it allows),
   packed largest first, best fit; otherwise nothing moves.
+
+The cycle plans the moves as soon as the holder is found blocked, before backfill (which would
+take the free GPUs the moved jobs need), keeps the landing GPUs out of backfill, and moves the
+reservation to the nodes being freed; while a moved job checkpoints, later cycles keep free
+GPUs for it, and once requeued it restarts right after the holder (:func:`was_moved`).
 """
 
 from __future__ import annotations

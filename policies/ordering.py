@@ -106,7 +106,8 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     1. the classes that may preempt (urgent by definition: minutes of SLA), highest rank first;
        every other class shares one queue;
     2. the job holding the reservation (it holds from cycle to cycle, so a wide job's drain is
-       never wasted by a newcomer taking its place);
+       never wasted by a newcomer taking its place), then jobs requeued after being moved to
+       make whole nodes for it (policies/defrag.py: they restart on the GPUs kept for them);
     3. teams that are owed service: a fair-share factor of at least ``fairshare_tier`` (or,
        with ``share_tier`` set, fewer GPUs held now than that x their weighted share);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
