@@ -345,14 +345,11 @@ class _Cycle:
             out = self._move(*self.early_moves)
         return out
 
-    def _moving(self, job: Job) -> bool:
-        """Is this job stopping to be moved by defragmentation?"""
-        return job.state is JobState.STOPPING and was_moved(job)
-
     def _hold_landings(self) -> None:
         """Jobs being moved restart on free GPUs once they have checkpointed: keep free GPUs
         for them meanwhile (off the reserved nodes), so that backfill does not take them."""
-        moving = [j for j in self.snap.active if self._moving(j)]
+        stopping = JobState.STOPPING
+        moving = [j for j in self.snap.active if j.state is stopping and was_moved(j)]
         if not moving:
             return
         sh = self.snap.reservation
