@@ -348,8 +348,9 @@ class _Cycle:
     def _hold_landings(self) -> None:
         """Jobs being moved restart on free GPUs once they have checkpointed: keep free GPUs
         for them meanwhile (off the reserved nodes), so that backfill does not take them."""
-        stopping = JobState.STOPPING
-        moving = [j for j in self.snap.active if j.state is stopping and was_moved(j)]
+        stopping, requeued = JobState.STOPPING, JobState.PREEMPTED  # (not if since cancelled)
+        moving = [j for j in self.snap.active if j.state is stopping
+                  and j.stop_target is requeued and was_moved(j)]
         if not moving:
             return
         sh = self.snap.reservation

@@ -199,6 +199,11 @@ def test_landing_gpus_are_kept_while_the_moved_job_checkpoints() -> None:
                           [active[0], replace(active[1], history=())],
                           reservation=reservation), DEFRAG)
     assert [(s.job_id, s.allocations[0].node_id) for s in plan.starts] == [("x", "a")]
+    # nor once the moving job has been cancelled (it will not restart)
+    plan = run_cycle(snap(nodes, [wide(), long_job],
+                          [active[0], replace(active[1], stop_target=JobState.CANCELLED)],
+                          reservation=reservation), DEFRAG)
+    assert [s.job_id for s in plan.starts] == ["x"]
 
 
 def test_a_moved_job_restarts_first_under_spillways_order() -> None:
