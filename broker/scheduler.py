@@ -92,11 +92,25 @@ class _Cycle:
         self.defrag = policies.defrag and policies.preempt != "none"
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
         if policies.place == "aligned":
-            self.horizon = {}
+            horizon: dict[str, float] = {}
+            self.horizon = horizon
+            # _end_of for every running job, inlined (every cycle walks them all)
+            ends, ests = self._ends, self._estimates
+            pred = snap.predictor if policies.estimate == "predictor" else None
+            stopping, grace_end = JobState.STOPPING, now + snap.grace_s
             for j in snap.active:
-                end = self._end_of(j)
+                if j.state is stopping:
+                    end = grace_end
+                else:
+                    est = ests.get(j.id)
+                    if est is None:
+                        est = ests[j.id] = (pred.estimate(j) if pred is not None
+                                            else j.spec.time_limit or math.inf)
+                    end = expected_end(j, est, now)
+                ends[j.id] = end
                 for a in j.allocations:
-                    self.horizon[a.node_id] = max(self.horizon.get(a.node_id, now), end)
+                    h = horizon.get(a.node_id, now)
+                    horizon[a.node_id] = end if end > h else h
 
     # -- estimates -------------------------------------------------------------------------
 
