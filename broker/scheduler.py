@@ -92,25 +92,11 @@ class _Cycle:
         self.defrag = policies.defrag and policies.preempt != "none"
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
         if policies.place == "aligned":
-            horizon: dict[str, float] = {}
-            self.horizon = horizon
-            # _end_of for every running job, inlined (every cycle walks them all)
-            ends, ests = self._ends, self._estimates
-            pred = snap.predictor if policies.estimate == "predictor" else None
-            stopping, grace_end = JobState.STOPPING, now + snap.grace_s
+            self.horizon = {}
             for j in snap.active:
-                if j.state is stopping:
-                    end = grace_end
-                else:
-                    est = ests.get(j.id)
-                    if est is None:
-                        est = ests[j.id] = (pred.estimate(j) if pred is not None
-                                            else j.spec.time_limit or math.inf)
-                    end = expected_end(j, est, now)
-                ends[j.id] = end
+                end = self._end_of(j)
                 for a in j.allocations:
-                    h = horizon.get(a.node_id, now)
-                    horizon[a.node_id] = end if end > h else h
+                    self.horizon[a.node_id] = max(self.horizon.get(a.node_id, now), end)
 
     # -- estimates -------------------------------------------------------------------------
 
@@ -398,8 +384,7 @@ class _Cycle:
         sh, snap, now = self.shadow, self.snap, self.now
         gain = float(snap.settings.get(self.policies.name, {}).get(
             "defrag_min_gain_s", SPILLWAY_DEFAULTS["defrag_min_gain_s"]))
-        if sh is None or sh.reservation.job_id != holder.id \
-                or sh.reservation.start_at - now < gain:
+        if sh is None or sh.reservation.start_at - now < gain:
             return None
         # moved jobs land on free GPUs, so at least the holder's count must be free somewhere
         if self.index.free_devices < holder.res.total_gpus:

@@ -158,7 +158,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
     decorated = [
         (urgent.get(j.priority, 0),
-         j.id != holder, j.id != holder and not (j.attempt > 1 and was_moved(j)),
+         j.id != holder, not (j.attempt > 1 and was_moved(j)),
          j.team not in owed,
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
