@@ -30,7 +30,7 @@ from policies.defrag import MOVED, Landing, plan_landings, was_moved
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.ordering import SPILLWAY_DEFAULTS
 from policies.placement import FreeIndex, Kind
-from policies.predictor import RuntimePredictor, expected_end
+from policies.predictor import expected_end
 from policies.preemption import Victim, choose, make_victims, victim_key
 from policies.registry import PolicySet
 
@@ -86,9 +86,6 @@ class _Cycle:
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
         self._ends: dict[str, float] = {}
-        pred = snap.predictor
-        self._runtimes = pred if isinstance(pred, RuntimePredictor) else None
-        self._kept_ends = pred.end_cache if isinstance(pred, RuntimePredictor) else {}
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
         self.early_moves: tuple[Job, list[Victim]] | None = None  # planned before backfill
@@ -227,37 +224,12 @@ class _Cycle:
 
     def _end_of(self, job: Job) -> float:
         """When a running job is expected to free its GPUs (computed once per cycle: the
-        packing horizon and the reservation both ask; and kept across cycles on the
-        predictor while its estimate holds and the job has not outrun it)."""
+        packing horizon and the reservation both ask)."""
         end = self._ends.get(job.id)
-        if end is not None:
-            return end
-        now = self.now
-        if job.state is JobState.STOPPING:
-            end = self._ends[job.id] = now + self.snap.grace_s
-            return end
-        pred, kept = self._runtimes, self._kept_ends
-        if pred is None:
-            end = self._ends[job.id] = expected_end(job, self.estimate(job), now)
-            return end
-        mode, started = self.policies.estimate, job.started_at
-        hit = kept.get(job.id)
-        if hit is not None and hit[0] == (job.attempt, started, mode) and hit[2] > now \
-                and pred.observed < hit[1]:
-            end = self._ends[job.id] = hit[2]
-            return end
-        until: float
-        if mode == "predictor":
-            est, until = pred.estimate_until(job)
-        else:
-            est, until = job.spec.time_limit or math.inf, math.inf
-        self._estimates.setdefault(job.id, est)
-        end = self._ends[job.id] = expected_end(job, est, now)
-        if started is not None and started + est > now:  # (an overrun job's end, which
-            # moves with the clock, is not kept)
-            if len(kept) > 200_000:
-                kept.clear()
-            kept[job.id] = ((job.attempt, started, mode), until, end)
+        if end is None:
+            end = self._ends[job.id] = (
+                self.now + self.snap.grace_s if job.state is JobState.STOPPING
+                else expected_end(job, self.estimate(job), self.now))
         return end
 
     def _rest_full(self, rest: list[Job], head_done: bool) -> None:

@@ -11,11 +11,8 @@ share.
 from __future__ import annotations
 
 from collections import defaultdict
-from operator import attrgetter
 
 from broker.plan import Snapshot
-
-_TEAM = attrgetter("team")
 
 
 def team_usage(snapshot: Snapshot) -> dict[str, float]:
@@ -28,19 +25,11 @@ def team_usage(snapshot: Snapshot) -> dict[str, float]:
     return usage
 
 
-_last: tuple[Snapshot, dict[str, float]] | None = None  # the last snapshot's factors
-
-
 def fairshare_factors(snapshot: Snapshot) -> dict[str, float]:
-    """Team -> F in (0, 1]; teams seen in the config, the queue or the running jobs.
-    (Computed once per snapshot: the order and the pending reasons both ask; a copy.)"""
-    global _last
-    last = _last
-    if last is not None and last[0] is snapshot:
-        return dict(last[1])
+    """Team -> F in (0, 1]; teams seen in the config, the queue or the running jobs."""
     usage = team_usage(snapshot)
     teams = {t.name for t in snapshot.teams} | set(usage)
-    teams.update(map(_TEAM, snapshot.pending))
+    teams.update(j.team for j in snapshot.pending)
     weights = {t: snapshot.team_by_name[t].weight if t in snapshot.team_by_name else 1.0
                for t in teams}
     total_w = sum(weights.values()) or 1.0
@@ -50,8 +39,7 @@ def fairshare_factors(snapshot: Snapshot) -> dict[str, float]:
         u = usage.get(t, 0.0) / total_u if total_u > 0 else 0.0
         s = weights[t] / total_w
         out[t] = 2.0 ** (-u / s)
-    _last = (snapshot, out)
-    return dict(out)
+    return out
 
 
 def gpus_in_use(snapshot: Snapshot) -> dict[str, int]:

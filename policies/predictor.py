@@ -46,9 +46,6 @@ class RuntimePredictor:
         self._memos: dict[float | None, dict[str, tuple[int, float]]] = {}
         # per-job values an order policy derives from the estimates (policies/ordering.py)
         self.order_cache: dict[str, tuple[object, float]] = {}
-        # running job id -> ((attempt, start, estimate mode), valid while fewer runtimes are
-        # observed than this, expected end): kept across cycles by broker/scheduler.py
-        self.end_cache: dict[str, tuple[tuple[object, ...], float, float]] = {}
 
     REFRESH = 32  # a job's estimate is recomputed after this many new observations
 
@@ -95,22 +92,17 @@ class RuntimePredictor:
         """Total runtime estimate of a job, in seconds (inf: unknown and unbounded): the
         predictor's quantile (for backfill) or another (the median, to rank the queue).
         Memoised per job until ``REFRESH`` more runtimes have been observed."""
-        return self.estimate_until(job, quantile)[0]
-
-    def estimate_until(self, job: Job, quantile: float | None = None) -> tuple[float, int]:
-        """``estimate``, and the count of observed runtimes up to which it holds (below it,
-        the same job gets the same estimate)."""
         memos = self._memos.get(quantile)
         if memos is None:
             memos = self._memos[quantile] = {}
         memo = memos.get(job.id)
         if memo is not None and self.observed - memo[0] < self.REFRESH:
-            return memo[1], memo[0] + self.REFRESH
+            return memo[1]
         est = self.predict(self.job_keys(job), job.spec.time_limit, quantile)
         if len(memos) > 200_000:
             memos.clear()
         memos[job.id] = (self.observed, est)
-        return est, self.observed + self.REFRESH
+        return est
 
 
 def expected_end(job: Job, estimate: float, now: float) -> float:

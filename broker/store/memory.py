@@ -116,7 +116,7 @@ class MemoryStore(BaseStore):
         """For a snapshot: oldest first (a C-level sort on the records themselves)."""
         with self._lock:
             src = self._pending if which == "pending" else self._active
-            return sorted(map(self._jobs.__getitem__, src), key=_BY_AGE)
+            return sorted((self._jobs[i] for i in src), key=_BY_AGE)
 
     def _put_node(self, node: Node, lease_expires: float) -> None:
         with self._lock:

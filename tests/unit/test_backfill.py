@@ -352,32 +352,3 @@ def test_cpu_only_and_infeasible_jobs_deep_in_a_full_queue(policy: PolicySet) ->
     assert ("cpu" in started(plan)) is (policy is EASY)
     assert codes(plan)["huge"] == "NoFeasibleNode"
     assert codes(plan)["gpu"] == ("Resources" if policy is EASY else "Priority")
-
-
-def test_expected_ends_kept_across_cycles_follow_overruns_and_new_estimates() -> None:
-    """A real predictor keeps running jobs' expected ends from cycle to cycle: each cycle's
-    reservation must still equal the one a fresh predictor (nothing kept) computes, while
-    the running job outruns its estimate and after enough new runtimes change it."""
-    from policies.predictor import RuntimePredictor
-
-    def fed(runtimes: list[float]) -> RuntimePredictor:
-        p = RuntimePredictor(quantile=0.9, min_samples=1)
-        for r in runtimes:
-            p.observe(RuntimePredictor.job_keys(running("r1", 6, time_limit=10_000)), r)
-        return p
-
-    history = [300.0]
-    kept = fed(history)
-    # estimate 300 s, then 2000 s once REFRESH new runtimes are seen; outrun from 2000 s on
-    for now, more in ((100.0, []), (200.0, [2000.0] * RuntimePredictor.REFRESH), (250.0, []),
-                      (2100.0, []), (2150.0, []), (2300.0, [])):
-        for r in more:
-            kept.observe(RuntimePredictor.job_keys(running("r1", 6, time_limit=10_000)), r)
-        history += more
-        args = ([node("a", 8)], [job("head", 8)], [running("r1", 6, time_limit=10_000)])
-        plan = run_cycle(snap(*args, now=now, predictor=kept), PREDICTED)
-        fresh = run_cycle(snap(*args, now=now, predictor=fed(history)), PREDICTED)
-        assert plan.reservation is not None and fresh.reservation is not None
-        assert plan.reservation.start_at == fresh.reservation.start_at, now
-        assert plan.reservation.start_at > now
-    assert kept.end_cache  # (it was kept: the test would not show a stale value otherwise)
