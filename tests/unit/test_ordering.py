@@ -183,6 +183,21 @@ SPILLWAY = {
         [mk("heavy", team="A", ago=3600, limit=3600), mk("light", team="B", ago=3600,
                                                           limit=3600)],
         {"usage": {"A": 1000.0}, "teams": TEAMS}, ["light", "heavy"]),
+    "a team owed service (factor >= 0.85) goes ahead of a heavy team's shorter job": (
+        [mk("heavy_short", team="A", ago=3600, limit=600),
+         mk("light_long", team="B", ago=60, limit=86400)],
+        {"usage": {"A": 1000.0}, "teams": TEAMS}, ["light_long", "heavy_short"]),
+    "fairshare_tier is a setting (0: off, the score alone)": (
+        [mk("heavy_short", team="A", ago=3600, limit=600),
+         mk("light_long", team="B", ago=60, limit=86400)],
+        {"usage": {"A": 1000.0}, "teams": TEAMS,
+         "settings": {"spillway": {"fairshare_tier": 0.0}}}, ["heavy_short", "light_long"]),
+    "both teams owed service (a third used the most): the score decides between them": (
+        [mk("a_long", team="A", ago=60, limit=86400),
+         mk("b_short", team="B", ago=3600, limit=600),
+         mk("c_short", team="C", ago=3600, limit=600)],
+        {"usage": {"A": 1.0, "B": 10.0, "C": 1000.0}, "teams": TEAMS},
+        ["b_short", "a_long", "c_short"]),
     "predicted runtimes, not limits": (
         [mk("q", ago=3600, limit=3600), mk("p", ago=3600, limit=86400)],
         {"predictor": StubPredictor({"p": 700.0})}, ["p", "q"]),
