@@ -128,6 +128,9 @@ def test_slurm_defaults_are_the_documented_weights() -> None:
 HELD = Reservation("long", NOW + 3600, ("a",), "A100-80GB")
 STARVE = 3 * 86400.0
 STARVING = {"settings": {"spillway": {"starve_after_s": STARVE}}}
+# a heavy team's short job and a light team's long one (the tier rows)
+OWED = [mk("heavy_short", team="A", ago=3600, limit=600),
+        mk("light_long", team="B", ago=60, limit=86400)]
 
 # (jobs, snapshot overrides, expected order)
 SPILLWAY = {
@@ -184,12 +187,10 @@ SPILLWAY = {
                                                           limit=3600)],
         {"usage": {"A": 1000.0}, "teams": TEAMS}, ["light", "heavy"]),
     "a team owed service (factor >= 0.85) goes ahead of a heavy team's shorter job": (
-        [mk("heavy_short", team="A", ago=3600, limit=600),
-         mk("light_long", team="B", ago=60, limit=86400)],
+        OWED,
         {"usage": {"A": 1000.0}, "teams": TEAMS}, ["light_long", "heavy_short"]),
     "fairshare_tier is a setting (0: off, the score alone)": (
-        [mk("heavy_short", team="A", ago=3600, limit=600),
-         mk("light_long", team="B", ago=60, limit=86400)],
+        OWED,
         {"usage": {"A": 1000.0}, "teams": TEAMS,
          "settings": {"spillway": {"fairshare_tier": 0.0}}}, ["heavy_short", "light_long"]),
     "both teams owed service (a third used the most): the score decides between them": (
