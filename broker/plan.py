@@ -111,6 +111,9 @@ class Plan:
     pending: Mapping[str, Reason] = field(default_factory=dict)  # every job not started, and why
     reservation: Reservation | None = None
     order: tuple[str, ...] = ()  # the pending queue as ranked this cycle (for explain)
+    # the cycle would decide otherwise at this time even if nothing else changed (relief
+    # waiting for running jobs to pass the minimum runtime); None: only an event can change it
+    wake_at: float | None = None
 
 
 @dataclass(frozen=True)

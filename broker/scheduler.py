@@ -33,6 +33,7 @@ from policies.placement import FreeIndex, Kind
 from policies.predictor import expected_end
 from policies.preemption import Victim, choose, make_victims, victim_key
 from policies.registry import PolicySet
+from policies.relief import YIELDED, cost, gain, worth_it
 
 MAX_PREEMPTORS = 8  # blocked jobs that may look for victims in one cycle
 _FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
@@ -89,7 +90,9 @@ class _Cycle:
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
         self.early_moves: tuple[Job, list[Victim]] | None = None  # planned before backfill
+        self.wake_at: float | None = None  # see Plan.wake_at
         self.defrag = policies.defrag and policies.preempt != "none"
+        self.relief = policies.relief and policies.preempt != "none"
         self.horizon: dict[str, float] | None = None  # node -> expected end of its last job
         if policies.place == "aligned":
             self.horizon = {}
@@ -158,7 +161,8 @@ class _Cycle:
                     reservation=replace(self.shadow.reservation,
                                         scavengers=tuple(self.shadow.scavengers))
                     if self.shadow else None,
-                    order=tuple(j.id for j in queue) if explain else ())  # 8
+                    order=tuple(j.id for j in queue) if explain else (),  # 8
+                    wake_at=self.wake_at)
 
     def _may_scavenge(self, job: Job) -> object:
         """For the shape cache: a long job's outcome also depends on whether it may scavenge."""
@@ -343,7 +347,66 @@ class _Cycle:
         out = tuple(early) + self._preempt_for_class({p.job_id for p in early})
         if self.early_moves is not None and not out:  # (planned before backfill)
             out = self._move(*self.early_moves)
+        if self.relief and not out:
+            out = self._relieve()
         return out
+
+    def _relieve(self) -> tuple[Preempt, ...]:
+        """The reservation holder, a short job starved far past its runtime, evicts long
+        checkpointable jobs when it gains many times what they lose (policies/relief.py)."""
+        sh, snap, now = self.shadow, self.snap, self.now
+        if sh is None:
+            return ()
+        s = {**SPILLWAY_DEFAULTS, **snap.settings.get(self.policies.name, {})}
+        min_sd, ratio = float(s["relief_slowdown"]), float(s["relief_ratio"])
+        floor, far = float(s["min_estimate_s"]), float(s["defrag_min_gain_s"])
+        start = sh.reservation.start_at
+        if min_sd <= 0 or start - now < far:
+            return ()
+        holder = next((j for j in self.blocked if j.id == sh.reservation.job_id), None)
+        if holder is None:
+            return ()
+        est = max(floor, min(self.estimate(holder), 1e9))
+        spared = gain(start, now, snap.grace_s, est)
+        if spared < min_sd:
+            return ()
+        kinds = self.index.kinds_by_gpu
+        soon = self._soon_free(kinds)
+        if self._fits(holder, soon):  # room is already being made for it
+            return ()
+        pool: list[Job] = []
+        young: list[Job] = []
+        for j in snap.active:
+            if (j.state is JobState.RUNNING and j.priority in self.preemptible
+                    and j.spec.checkpoint_dir is not None and j.started_at is not None
+                    and self._end_of(j) - now >= far):
+                (pool if now - j.started_at >= snap.min_runtime_s else young).append(j)
+        victims = make_victims(pool, kinds, lambda j: victim_key(
+            j, self.rank.get(j.priority, 0), now, snap.grace_s))
+        chosen = choose(holder, self.index, soon, victims, lambda v: True) if pool else None
+        if not chosen:
+            # jobs too young to evict now may make room later: say when (the holder's gain
+            # only shrinks meanwhile, so not past the time it falls below the threshold)
+            last = start - snap.grace_s - min_sd * est
+            soonest = min((j.started_at + snap.min_runtime_s for j in young
+                           if j.started_at is not None), default=math.inf)
+            if soonest <= last:
+                self.wake_at = soonest
+            return ()
+        lost = cost(est, snap.grace_s, (max(floor, min(self.estimate(v.job), 1e9))
+                                        for v in chosen))
+        if not worth_it(spared, lost, min_sd, ratio):
+            return ()
+        ids = ", ".join(v.job.id for v in chosen)
+        self.pending[holder.id] = Reason(
+            "Resources", f"first in line; its reservation is {_dur(start - now)} away, "
+                         f"{spared:.0f}x its expected runtime: evicting {len(chosen)} long "
+                         f"checkpointable job(s) that lose far less: {ids}")
+        return tuple(Preempt(v.job.id, v.job.attempt,
+                             f"{YIELDED} {holder.id}, which had waited {spared:.0f}x its "
+                             "runtime: restarts from its checkpoint ahead of the queue",
+                             snap.grace_s)
+                     for v in chosen)
 
     def _hold_landings(self) -> None:
         """Jobs being moved restart on free GPUs once they have checkpointed: keep free GPUs

@@ -13,10 +13,10 @@ from typing import Any
 
 from broker.model import Job
 from broker.plan import Snapshot
-from policies.defrag import was_moved
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
+from policies.relief import resumes_first
 
 
 def _ranks(snapshot: Snapshot) -> dict[str, int]:
@@ -81,6 +81,8 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
     "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
+    "relief_slowdown": 0.0,  # > 0: a reservation holder spared at least this slowdown ...
+    "relief_ratio": 10.0,  # ... and this x the victims' may evict them (policies/relief.py)
     "defrag_min_gain_s": 600.0,  # move jobs for the reservation holder only if its start is
     # at least this far off (read by the cycle's defragmentation phase, policies/defrag.py)
 }
@@ -158,7 +160,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
     decorated = [
         (urgent.get(j.priority, 0),
-         j.id != holder, not (j.attempt > 1 and was_moved(j)),
+         j.id != holder, not resumes_first(j),
          j.team not in owed,
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))

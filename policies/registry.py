@@ -52,6 +52,9 @@ class PolicySet:
     ``defrag``: when the reservation is far off but enough GPUs are free on other nodes, move
     small checkpointable jobs there (checkpoint, restart) to make whole nodes for it now
     (policies/defrag.py).
+    ``relief``: when the head's reservation is so far off that its wait would be many times its
+    runtime, let it evict long checkpointable jobs whose slowdown suffers far less
+    (policies/relief.py).
     """
 
     order: str = "priority-fifo"
@@ -62,6 +65,7 @@ class PolicySet:
     estimate: str = "limit"
     scavenge: bool = False  # let checkpointable preemptible jobs into a reservation's GPUs
     defrag: bool = False  # move small checkpointable jobs to make whole nodes for the head
+    relief: bool = False  # a starved short head may evict long checkpointable jobs
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -93,5 +97,5 @@ BUNDLES: dict[str, PolicySet] = {
     # class preemption and quota reclaim, scavenging and defragmentation
     "spillway": PolicySet(order="spillway", place="aligned", backfill="easy",
                           preempt="priority", estimate="predictor", scavenge=True,
-                          defrag=True, name="spillway"),
+                          defrag=True, relief=True, name="spillway"),
 }

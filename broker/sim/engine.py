@@ -36,9 +36,10 @@ from broker.store.memory import MemoryStore
 from policies.defrag import MOVED
 from policies.placement import FreeIndex
 from policies.registry import PolicySet
+from policies.relief import YIELDED
 from policies.speed import convert_runtime
 
-ARRIVE, END, STOP = 0, 1, 2  # event kinds; at one instant ends are applied before arrivals
+ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
 _LEASE = 1e15
 
 
@@ -81,6 +82,9 @@ class Simulation:
         self._can_preempt = (lambda tj: tj.priority in may or tj.team in quota) \
             if self.policy.preempt != "none" else (lambda tj: False)
         self.preemptors = 0  # pending jobs that may preempt
+        # with relief, a starved head may evict jobs of its own class: see _cycle
+        self.relief = self.policy.relief and self.policy.preempt != "none"
+        self._wake = math.inf  # the earliest wake-up event queued (Plan.wake_at)
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -122,17 +126,22 @@ class Simulation:
         while events:
             now = events[0][0]
             arrivals: list[str] = []
+            woken = False
             while events and events[0][0] == now:
                 _, kind, _, job_id, attempt = heapq.heappop(events)
                 if kind == ARRIVE:
                     arrivals.append(job_id)
                 elif kind == END:
                     self._end(job_id, attempt, now)
-                else:
+                elif kind == STOP:
                     self._stopped(job_id, attempt, now)
+                else:
+                    woken = True
             if arrivals:
                 self._arrive(arrivals, now)
-            self._cycle(now)
+            if woken and self._wake <= now:
+                self._wake = math.inf
+            self._cycle(now, woken or (self.relief and bool(arrivals)))
         wall = time.perf_counter() - t0
         from broker.sim.metrics import compute_metrics
 
@@ -153,10 +162,13 @@ class Simulation:
         self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
         self.preemptors += sum(1 for i in job_ids if self._can_preempt(self.trace_jobs[i]))
 
-    def _cycle(self, now: float) -> None:
+    def _cycle(self, now: float, force: bool = False) -> None:
         """Run a cycle unless it could not change anything: nothing waits, or every device is
-        busy and no waiting job may preempt (production would plan the same: no start)."""
-        if self.queued_jobs == 0 or (self.busy >= self.devices and not self.preemptors):
+        busy and no waiting job may preempt (production would plan the same: no start).
+        ``force``: it could, even so: a job arrived and relief may let it evict jobs of its
+        own class, or an earlier cycle asked to be woken now (``Plan.wake_at``)."""
+        if not force and (self.queued_jobs == 0
+                          or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
             return
         snap = self.store.snapshot(now)
@@ -171,6 +183,9 @@ class Simulation:
                 self._push(now + self.stop_delay_s, STOP, job.id, job.attempt)
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
+        if plan.wake_at is not None and now < plan.wake_at < self._wake:
+            self._wake = plan.wake_at
+            self._push(plan.wake_at, WAKE, "")
         self._sample(now)
 
     def _started(self, job: Job, now: float) -> None:
@@ -230,6 +245,7 @@ class Simulation:
         rec = self.records[job_id]
         rec.preemptions += 1
         rec.moves += stop is not None and stop.reason.startswith(MOVED)
+        rec.yields += stop is not None and stop.reason.startswith(YIELDED)
         rec.lost_gpu_s += run.gpus * (now - sigterm)
         self.queued_jobs += 1
         self.queued_gpus += run.gpus

@@ -169,7 +169,7 @@ def compute_metrics(
     teams: dict[str, _Group] = defaultdict(_Group)
     classes: dict[str, _Group] = defaultdict(_Group)
     jcts: list[float] = []
-    finished = infeasible = unfinished = started = preemptions = moves = 0
+    finished = infeasible = unfinished = started = preemptions = moves = yields = 0
     lost_gpu_s = 0.0
 
     for rec in result.records:
@@ -179,6 +179,7 @@ def compute_metrics(
             g.jobs += 1
         preemptions += rec.preemptions
         moves += rec.moves
+        yields += rec.yields
         lost_gpu_s += rec.lost_gpu_s
         team.preemptions += rec.preemptions
         if rec.infeasible:
@@ -235,6 +236,7 @@ def compute_metrics(
         "jain_fairness": _ratio(jain_index(team_bslds)),
         "preemptions": preemptions,
         "defrag_moves": moves,  # of the preemptions: moves making whole nodes for a wide job
+        "relief_evictions": yields,  # of the preemptions: room made for a starved short job
         "gpu_hours_lost_to_preemption": _r(lost_gpu_s / 3600.0, 2),
         "per_team": {
             t: {

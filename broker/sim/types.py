@@ -51,6 +51,7 @@ class JobRecord:
     end_s: float | None = None
     preemptions: int = 0  # evictions of any kind, defragmentation moves included
     moves: int = 0  # of which defragmentation moves (it restarted elsewhere at once)
+    yields: int = 0  # of which relief evictions (it made room for a starved short job)
     lost_gpu_s: float = 0.0  # GPU-seconds of work thrown away by preemptions
     infeasible: bool = False  # could never fit the cluster
 

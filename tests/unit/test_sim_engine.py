@@ -263,3 +263,43 @@ def test_slurm_like_waits_for_the_long_jobs_instead() -> None:
     assert (m["preemptions"], m["defrag_moves"], m["invariant_violations"]) == (0, 0, 0)
     recs = records(result)
     assert recs["W"].first_start_s is not None and recs["W"].first_start_s >= 20_000
+
+
+# -- relief ------------------------------------------------------------------------------------
+
+# eight 1-GPU jobs of 20 000 s fill both nodes; W, 4 GPUs for 100 s, arrives at 1 000 s: EASY
+# would reserve it a node at 20 000 s (a slowdown of 190); relief evicts one node's four jobs,
+# which checkpoint, and restart as soon as W is done
+RELIEF = trace(*(tj(f"l{i}", 0, 20_000, 1, limit=40_000) for i in range(8)),
+               tj("W", 1000, 100, 4, limit=200))
+
+
+def relief_cluster(**settings: float) -> Cluster:
+    return cluster_from_data({"name": "tiny", "nodes": [
+        {"prefix": "n", "count": 2, "gpus": "4xA100-80GB"}],
+        "settings": {"spillway": settings}})
+
+
+def test_spillway_relief_lets_a_starved_short_job_evict_long_ones() -> None:
+    result = Simulation(relief_cluster(relief_slowdown=20.0), RELIEF, "spillway").run()
+    m = result.metrics
+    assert (m["finished"], m["unfinished"], m["invariant_violations"]) == (9, 0, 0)
+    assert m["relief_evictions"] == m["preemptions"] == 4
+    recs = records(result)
+    assert recs["W"].first_start_s is not None
+    assert recs["W"].first_start_s - 1000 <= 60  # a grace period, not 19 000 s
+    yielded = sorted(r.id for r in recs.values() if r.yields)
+    assert len(yielded) == 4
+    spared = [r for r in recs.values() if r.id.startswith("l") and not r.yields]
+    for r in recs.values():
+        if r.yields:  # checkpointed, resumed right after W: about W's runtime and a grace late
+            assert r.lost_gpu_s > 0
+            assert 100 <= r.end_s - spared[0].end_s <= 100 + 2 * 60  # type: ignore[operator]
+
+
+def test_without_relief_the_short_job_waits_for_the_long_ones() -> None:
+    result = Simulation(relief_cluster(relief_slowdown=0.0), RELIEF, "spillway").run()
+    m = result.metrics
+    assert (m["preemptions"], m["relief_evictions"], m["invariant_violations"]) == (0, 0, 0)
+    recs = records(result)
+    assert recs["W"].first_start_s is not None and recs["W"].first_start_s >= 20_000
