@@ -7,7 +7,9 @@
   ``backfill: none`` the first blocked job blocks every later one (strict order)
   (with defragmentation, the moves that make whole nodes for that job are planned right
   then, before backfill, and their landing GPUs kept; see policies/defrag.py)
-5 preempt where a class allows it, or to reclaim a team's guaranteed quota
+5 preempt where a class allows it, or to reclaim a team's guaranteed quota; else move jobs
+  for the reservation holder (defragmentation, planned in 4); else, with relief, let a holder
+  starved far past its runtime evict long checkpointable jobs (see policies/relief.py)
 6 burst (later)   7 defer for carbon (later)
 8 a reason for every job left pending
 """

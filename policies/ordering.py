@@ -81,7 +81,7 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
     "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
-    "relief_slowdown": 0.0,  # > 0: a reservation holder spared at least this slowdown ...
+    "relief_slowdown": 20.0,  # > 0: a reservation holder spared at least this slowdown ...
     "relief_ratio": 10.0,  # ... and this x the victims' may evict them (policies/relief.py)
     "defrag_min_gain_s": 600.0,  # move jobs for the reservation holder only if its start is
     # at least this far off (read by the cycle's defragmentation phase, policies/defrag.py)

@@ -85,6 +85,7 @@ class Simulation:
         # with relief, a starved head may evict jobs of its own class: see _cycle
         self.relief = self.policy.relief and self.policy.preempt != "none"
         self._wake = math.inf  # the earliest wake-up event queued (Plan.wake_at)
+        self._holder = False  # the last cycle left a reservation (its holder stays first)
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -141,7 +142,10 @@ class Simulation:
                 self._arrive(arrivals, now)
             if woken and self._wake <= now:
                 self._wake = math.inf
-            self._cycle(now, woken or (self.relief and bool(arrivals)))
+            # relief acts for the reservation holder, which an arrival outranks only when
+            # there is none (spillway's order keeps the holder first; urgent arrivals may
+            # preempt, and run a cycle anyway)
+            self._cycle(now, woken or (self.relief and bool(arrivals) and not self._holder))
         wall = time.perf_counter() - t0
         from broker.sim.metrics import compute_metrics
 
@@ -165,8 +169,9 @@ class Simulation:
     def _cycle(self, now: float, force: bool = False) -> None:
         """Run a cycle unless it could not change anything: nothing waits, or every device is
         busy and no waiting job may preempt (production would plan the same: no start).
-        ``force``: it could, even so: a job arrived and relief may let it evict jobs of its
-        own class, or an earlier cycle asked to be woken now (``Plan.wake_at``)."""
+        ``force``: it could, even so: with relief, a job arrived and nobody holds the
+        reservation (it may become the holder and evict jobs of its own class), or an earlier
+        cycle asked to be woken now (``Plan.wake_at``)."""
         if not force and (self.queued_jobs == 0
                           or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
@@ -183,6 +188,7 @@ class Simulation:
                 self._push(now + self.stop_delay_s, STOP, job.id, job.attempt)
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
+        self._holder = plan.reservation is not None
         if plan.wake_at is not None and now < plan.wake_at < self._wake:
             self._wake = plan.wake_at
             self._push(plan.wake_at, WAKE, "")

@@ -58,7 +58,10 @@ CASES = {
     "class rank among preemptible classes does not matter: low evicts normal": (
         BOTH, [short_wide(priority="low")], RELIEF, ON, {"l1", "l2"}),
     # -- nothing is evicted
-    "off unless relief_slowdown is set": (BOTH, [short_wide()], RELIEF, {}, set()),
+    "on by default (relief_slowdown 20, relief_ratio 10)": (BOTH, [short_wide()], RELIEF, {},
+                                                            {"l1", "l2"}),
+    "relief_slowdown 0 turns it off": (BOTH, [short_wide()], RELIEF,
+                                       with_settings(relief_slowdown=0.0), set()),
     "a policy without relief": (BOTH, [short_wide()], replace(RELIEF, relief=False), ON, set()),
     "a long head is spared too little slowdown": (
         BOTH, [short_wide(time_limit=20_000)], RELIEF, ON, set()),
