@@ -1,6 +1,7 @@
 """The scheduling policies end to end: real Redis, a real scheduler process and real agent
 processes running real subprocesses. Class preemption with a checkpoint and a resume, gangs
-that start whole or not at all, MIG instances, and EASY backfill in a reservation's shadow.
+that start whole or not at all, MIG instances, EASY backfill in a reservation's shadow,
+defragmentation moves, and relief for a short job starved by a long one.
 
 Every cluster here runs the production default policy bundle, ``spillway`` (EASY backfill with
 held reservations, fair share, the runtime predictor, class preemption), set explicitly through
@@ -420,4 +421,52 @@ while [ ! -e "{release}" ]; do sleep 0.05; done
     assert [(x.node_id, len(x.gpu_ids)) for x in w_done.allocations] == [(left, 2)]
     assert span(moved, 1)[1] <= span(w_done)[0]
     assert_no_gpu_held_twice([a_done, b_done, w_done])
+    assert not any(cluster.store.allocations().values())
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. relief: a short job that would wait a day for a long one evicts it; the long one resumes
+
+
+def test_short_job_starved_by_a_long_one_gets_relief(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    release = tmp_path / "release"
+    ckpt = tmp_path / "ckpt-L"
+    ckpt.mkdir()
+    script = f"""
+if [ "$SPILLWAY_RESUME" = 1 ]; then
+    echo "resumed from $(cat "$SPILLWAY_CHECKPOINT_DIR/state")"
+    {gate(release)}
+    exit 0
+fi
+trap 'echo "step=1" > "$SPILLWAY_CHECKPOINT_DIR/state"; echo checkpointed; exit 0' TERM
+echo first
+while [ ! -e "{release}" ]; do sleep 0.05; done
+"""
+    # a day-long, checkpointable job holds both GPUs
+    long_job = cluster.client.submit(command=script, gpus=2, name="L", time_limit="24h",
+                                     checkpoint_dir=str(ckpt))
+    wait_state(cluster, long_job.id, JobState.RUNNING)
+    # a one-minute job wanting both: EASY would reserve them for it in 24 h (a slowdown of
+    # 1,440); relief evicts L, which loses a checkpoint and waits about a minute
+    w = cluster.client.submit(command='echo "W on $CUDA_VISIBLE_DEVICES"', gpus=2, name="W",
+                              time_limit="1m")
+    w_done = cluster.client.wait(w.id, timeout=30)
+    assert w_done.state is JobState.SUCCEEDED, w_done.history
+    release.touch()
+    l_done = cluster.client.wait(long_job.id, timeout=30)
+    assert l_done.state is JobState.SUCCEEDED, l_done.history
+    assert l_done.attempt == 2, l_done.history
+    states = [(h.state, h.attempt) for h in l_done.history]
+    i = states.index((JobState.STOPPING, 1))
+    assert states[i:i + 3] == [(JobState.STOPPING, 1), (JobState.PREEMPTED, 1),
+                               (JobState.PENDING, 2)], l_done.history
+    assert l_done.history[i].reason.startswith(f"yielded to {w.id},")
+    first = log_lines(cluster, l_done.id, attempt=1)  # (the shell may report the SIGTERM)
+    assert (first[0], first[-1]) == ("first", "checkpointed"), first
+    assert log_lines(cluster, l_done.id, attempt=2) == ["resumed from step=1"]
+    # W ran between L's two attempts, on the GPUs L gave up
+    assert span(l_done, 1)[1] <= span(w_done)[0] <= span(w_done)[1] <= span(l_done, 2)[0]
+    assert_no_gpu_held_twice([l_done, w_done])
     assert not any(cluster.store.allocations().values())
