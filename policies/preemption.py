@@ -4,7 +4,8 @@ One rule for every site. A job may evict another when its class may preempt and 
 class is lower-ranked and preemptible, or when its team is below its guaranteed quota and the
 victim's team is above its own (reclaiming a quota others borrowed; the victim's class must be
 preemptible). A job that started less than ``min_runtime_s`` ago is never a victim (no
-thrashing).
+thrashing). Two other evictions use the same victim order, for the reservation holder only:
+defragmentation moves (policies/defrag.py) and relief (policies/relief.py).
 
 Victims are tried in a documented, deterministic order (after Kubernetes' preemption, which
 likewise prefers the fewest, lowest-priority, most recently started victims):
