@@ -109,7 +109,8 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        every other class shares one queue;
     2. the job holding the reservation (it holds from cycle to cycle, so a wide job's drain is
        never wasted by a newcomer taking its place), then jobs requeued after being moved to
-       make whole nodes for it (policies/defrag.py: they restart on the GPUs kept for them);
+       make whole nodes for it (policies/defrag.py: they restart on the GPUs kept for them)
+       or evicted to relieve it (policies/relief.py: they restart as soon as GPUs free up);
     3. teams that are owed service: a fair-share factor of at least ``fairshare_tier`` (or,
        with ``share_tier`` set, fewer GPUs held now than that x their weighted share);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
