@@ -112,7 +112,9 @@ class Plan:
     reservation: Reservation | None = None
     order: tuple[str, ...] = ()  # the pending queue as ranked this cycle (for explain)
     # the cycle would decide otherwise at this time even if nothing else changed (relief
-    # waiting for running jobs to pass the minimum runtime); None: only an event can change it
+    # waiting for running jobs to pass the minimum runtime); None: only an event can change it.
+    # The simulator, which skips cycles that cannot change anything, runs one then; production
+    # runs a cycle every cycle_s anyway
     wake_at: float | None = None
 
 
