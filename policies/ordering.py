@@ -77,6 +77,8 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
     "fairshare_tier": 0.85,  # teams whose fair-share factor is at least this go first (0: off)
     "share_tier": 0.0,  # > 0: so do teams holding less than this x their share of the GPUs now
+    "long_tier": 0.0,  # > 0: and teams with a factor of at least this, for their long jobs ...
+    "long_tier_s": 14400.0,  # ... those whose predicted median runtime is at least this
     "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
@@ -112,7 +114,10 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        make whole nodes for it (policies/defrag.py: they restart on the GPUs kept for them)
        or evicted to relieve it (policies/relief.py: they restart as soon as GPUs free up);
     3. teams that are owed service: a fair-share factor of at least ``fairshare_tier`` (or,
-       with ``share_tier`` set, fewer GPUs held now than that x their weighted share);
+       with ``share_tier`` set, fewer GPUs held now than that x their weighted share); with
+       ``long_tier`` set, also the long jobs (predicted median at least ``long_tier_s``) of
+       teams whose factor is at least ``long_tier`` (the score alone rarely lifts a long job
+       of a light team past a stream of short ones from heavier teams);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
        runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
        smallest jobs go first, and every job's priority keeps rising while it waits (with
@@ -129,6 +134,8 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     owed = {t for t, f in fs.items()
             if (fs_tier and f >= fs_tier)
             or (share and used.get(t, 0) < share_tier * share.get(t, 0))}
+    long_owed = {t for t, f in fs.items() if 0 < s["long_tier"] <= f} - owed
+    long_s = s["long_tier_s"]
     mult = {t: (0.5 + f) ** s["fairshare_weight"] for t, f in fs.items()}
     q, now, floor = s["order_quantile"], snapshot.now, s["min_estimate_s"]
     rexp, sexp, cw, starve = (s["runtime_exponent"], s["size_exponent"], s["class_weight"],
@@ -143,10 +150,14 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     cache: dict[str, tuple[object, float]] | None = getattr(pred, "order_cache", None)
     memo = {} if cache is None else cache
 
+    def median(j: Job) -> float:
+        """The job's runtime estimate: the predictor's median, or its time limit."""
+        return pred.estimate(j, q) if pred is not None else (j.spec.time_limit or math.inf)
+
     def rate(j: Job) -> float:
         """class weight / effective estimate: how fast the job's score rises while it waits
         (stored until the predictor refreshes its estimate; looked up below)."""
-        e = pred.estimate(j, q) if pred is not None else (j.spec.time_limit or math.inf)
+        e = median(j)
         e = max(floor, e if e < math.inf else week) ** rexp * j.res.total_gpus ** sexp
         r = cw.get(j.priority, 1.0) / e
         if len(memo) > 200_000:
@@ -162,7 +173,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     decorated = [
         (urgent.get(j.priority, 0),
          j.id != holder, not resumes_first(j),
-         j.team not in owed,
+         j.team not in owed and not (j.team in long_owed and median(j) >= long_s),
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
              * (now - j.submitted_at)))

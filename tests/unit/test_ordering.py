@@ -131,6 +131,13 @@ STARVING = {"settings": {"spillway": {"starve_after_s": STARVE}}}
 # a heavy team's short job and a light team's long one (the tier rows)
 OWED = [mk("heavy_short", team="A", ago=3600, limit=600),
         mk("light_long", team="B", ago=60, limit=86400)]
+# the long-tier rows: B (factor 0.76, under fairshare_tier) against A (0.33)
+LONG = {"usage": {"A": 1000.0, "B": 250.0}, "teams": TEAMS}
+LONG_ON = {**LONG, "settings": {"spillway": {"long_tier": 0.6}}}
+LONG_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
+             mk("b_long", team="B", ago=60, limit=86400)]
+MID_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
+            mk("b_mid", team="B", ago=60, limit=7200)]
 
 # (jobs, snapshot overrides, expected order)
 SPILLWAY = {
@@ -199,6 +206,21 @@ SPILLWAY = {
          mk("c_short", team="C", ago=3600, limit=600)],
         {"usage": {"A": 1.0, "B": 10.0, "C": 1000.0}, "teams": TEAMS},
         ["b_short", "a_long", "c_short"]),
+    "long_tier off by default: the score alone": (
+        LONG_JOBS, LONG, ["a_short", "b_long"]),
+    "long_tier: a team with a factor of at least it goes first with its long jobs": (
+        LONG_JOBS, LONG_ON, ["b_long", "a_short"]),
+    "long_tier: a team under it is not lifted": (
+        LONG_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.8}}},
+        ["a_short", "b_long"]),
+    "long_tier: the team's jobs shorter than long_tier_s are not lifted": (
+        MID_JOBS, LONG_ON, ["a_short", "b_mid"]),
+    "long_tier_s is a setting": (
+        MID_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.6, "long_tier_s": 3600.0}}},
+        ["b_mid", "a_short"]),
+    "long_tier reads the predicted median, not the limit": (
+        LONG_JOBS, {**LONG_ON, "predictor": StubPredictor({"b_long": 7200.0})},
+        ["a_short", "b_long"]),
     "predicted runtimes, not limits": (
         [mk("q", ago=3600, limit=3600), mk("p", ago=3600, limit=86400)],
         {"predictor": StubPredictor({"p": 700.0})}, ["p", "q"]),
