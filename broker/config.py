@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 import yaml
 
 from broker.errors import ConfigError
+from policies.settings import check_settings
 
 
 @dataclass(frozen=True)
@@ -207,14 +208,15 @@ def load_config(
             elif key == "teams":
                 changes["teams"] = parse_teams(value)
             elif key == "policy_settings":
-                if not isinstance(value, dict):
-                    raise ConfigError("config policy_settings: must be a mapping")
-                changes["policy_settings"] = dict(value)
+                changes["policy_settings"] = value  # checked below, with the file's classes
             elif key in _SCALARS:
                 changes[key] = _coerce(key, value)
             else:
                 changes.setdefault("extra", dict(cfg.extra))[key] = value
         cfg = replace(cfg, **changes)
+        if "policy_settings" in changes:
+            cfg = replace(cfg, policy_settings=check_settings(
+                cfg.policy_settings, "config policy_settings", classes=cfg.class_names))
     for key in _SCALARS:
         var = f"SPILLWAY_{key.upper()}"
         if var in env:

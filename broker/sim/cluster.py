@@ -15,7 +15,10 @@
       - {name: high, rank: 300, sla_s: 1800, may_preempt: true, preemptible: false}
     teams:                         # optional; default: none (teams appear from the trace)
       - {name: vision, weight: 2, quota_gpus: 8}
-    settings: {fairshare_half_life_s: 86400}   # optional, passed to the policies as is
+    settings:                      # optional; checked by policies/settings.py
+      spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
+      fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
+                                     # grace_s
 
 Each group makes ``count`` nodes with ids ``{prefix}-00``, ``{prefix}-01``, ...; site
 ``onprem``, state READY, hostname = id. ``gpus`` is the worker's static-inventory text
@@ -47,6 +50,7 @@ from broker.config import (
 )
 from broker.errors import ConfigError
 from broker.model import Gpu, Node, NodeState
+from policies.settings import check_settings
 from workers.discovery import inventory_from_data, static_inventory
 
 TOP_KEYS = ("name", "nodes", "classes", "teams", "settings")
@@ -127,10 +131,8 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
     if quota > capacity:
         raise ConfigError(f"{source}: teams: the quotas add up to {quota} GPUs, more than the "
                           f"cluster's {capacity}; allowed: a total of at most {capacity}")
-    settings = data.get("settings") or {}
-    if not isinstance(settings, Mapping):
-        raise ConfigError(f"{source}: settings: must be a mapping of policy settings, e.g. "
-                          "{fairshare_half_life_s: 86400}")
+    settings = check_settings(data.get("settings") or {}, f"{source}: settings",
+                              classes=[c.name for c in classes], cluster=True)
     return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
                    settings=MappingProxyType(dict(settings)))
 

@@ -37,6 +37,7 @@ from policies.defrag import MOVED
 from policies.placement import FreeIndex
 from policies.registry import PolicySet
 from policies.relief import YIELDED
+from policies.settings import CONFIG_KEYS
 from policies.speed import convert_runtime
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
@@ -62,8 +63,11 @@ class Simulation:
         self.cluster, self.trace = cluster, trace
         self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
         base = config or Config()
-        self.config = replace(base, classes=cluster.classes, teams=cluster.teams,
-                              policy_settings={**base.policy_settings, **cluster.settings})
+        own: dict[str, Any] = {k: float(v) for k, v in cluster.settings.items()
+                               if k in CONFIG_KEYS}
+        self.config = replace(base, classes=cluster.classes, teams=cluster.teams, **own,
+                              policy_settings={**base.policy_settings, **{
+                                  k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None

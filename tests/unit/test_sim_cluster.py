@@ -124,6 +124,13 @@ def node(**changes: Any) -> dict[str, Any]:
     (base(teams=[{"name": "t", "quota_gpus": 6}, {"name": "u", "quota_gpus": 3}]),
      r"teams: the quotas add up to 9 GPUs, more than the cluster's 8"),
     (base(settings=[1]), r"settings: must be a mapping"),
+    (base(settings={"spillway": {"fairshare_teir": 0.9}}),
+     r"settings\.spillway: 'fairshare_teir' is not a setting of 'spillway'; allowed: \["),
+    (base(settings={"fair_share": {}}), r"settings: 'fair_share' is not a setting; allowed: "),
+    (base(settings={"spillway": {"class_weight": {"gold": 2}}}),
+     r"settings\.spillway\.class_weight: 'gold' is not a class; allowed: \['critical'"),
+    (base(settings={"fairshare_half_life_s": 0}),
+     r"settings\.fairshare_half_life_s: 0 is not allowed; allowed: a number > 0"),
 ])
 def test_errors(tmp_path: Path, data: Any, pattern: str) -> None:
     path = tmp_path / "bad.yaml"
