@@ -79,6 +79,7 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "share_tier": 0.0,  # > 0: so do teams holding less than this x their share of the GPUs now
     "long_tier": 0.0,  # > 0: and teams with a factor of at least this, for their long jobs ...
     "long_tier_s": 14400.0,  # ... those whose predicted median runtime is at least this
+    "long_tier_classes": (),  # ... of these classes (empty: every class of the shared tier)
     "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
@@ -135,7 +136,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
             if (fs_tier and f >= fs_tier)
             or (share and used.get(t, 0) < share_tier * share.get(t, 0))}
     long_owed = {t for t, f in fs.items() if 0 < s["long_tier"] <= f} - owed
-    long_s = s["long_tier_s"]
+    long_s, long_cls = s["long_tier_s"], s["long_tier_classes"]
     mult = {t: (0.5 + f) ** s["fairshare_weight"] for t, f in fs.items()}
     q, now, floor = s["order_quantile"], snapshot.now, s["min_estimate_s"]
     rexp, sexp, cw, starve = (s["runtime_exponent"], s["size_exponent"], s["class_weight"],
@@ -173,7 +174,8 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     decorated = [
         (urgent.get(j.priority, 0),
          j.id != holder, not resumes_first(j),
-         j.team not in owed and not (j.team in long_owed and median(j) >= long_s),
+         j.team not in owed and not (j.team in long_owed and median(j) >= long_s
+                                     and (not long_cls or j.priority in long_cls)),
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
              * (now - j.submitted_at)))

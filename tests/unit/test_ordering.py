@@ -136,6 +136,7 @@ LONG = {"usage": {"A": 1000.0, "B": 250.0}, "teams": TEAMS}
 LONG_ON = {**LONG, "settings": {"spillway": {"long_tier": 0.6}}}
 LONG_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
              mk("b_long", team="B", ago=60, limit=86400)]
+CLASS_JOBS = [*LONG_JOBS, mk("b_low", "low", team="B", ago=60, limit=86400)]
 MID_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
             mk("b_mid", team="B", ago=60, limit=7200)]
 
@@ -218,6 +219,12 @@ SPILLWAY = {
     "long_tier_s is a setting": (
         MID_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.6, "long_tier_s": 3600.0}}},
         ["b_mid", "a_short"]),
+    "long_tier: every class of the shared tier by default": (
+        CLASS_JOBS, LONG_ON, ["b_long", "b_low", "a_short"]),
+    "long_tier_classes: only the jobs of those classes are lifted": (
+        CLASS_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.6,
+                                                        "long_tier_classes": ["normal"]}}},
+        ["b_long", "a_short", "b_low"]),
     "long_tier reads the predicted median, not the limit": (
         LONG_JOBS, {**LONG_ON, "predictor": StubPredictor({"b_long": 7200.0})},
         ["a_short", "b_long"]),
