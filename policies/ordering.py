@@ -75,11 +75,10 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this
     "runtime_exponent": 1.0,  # < 1 ages long jobs relatively faster
     "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
-    "fairshare_tier": 0.85,  # teams whose fair-share factor is at least this go first (0: off)
+    "fairshare_tier": 0.95,  # teams whose fair-share factor is at least this go first (0: off)
     "share_tier": 0.0,  # > 0: so do teams holding less than this x their share of the GPUs now
-    "long_tier": 0.0,  # > 0: and teams with a factor of at least this, for their long jobs ...
-    "long_tier_s": 14400.0,  # ... those whose predicted median runtime is at least this
-    "long_tier_classes": (),  # ... of these classes (empty: every class of the shared tier)
+    "long_tier": 0.6,  # and teams with a factor of at least this, for their long jobs (0: off)
+    "long_tier_s": 28800.0,  # ... those whose predicted median runtime is at least this
     "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
@@ -116,9 +115,10 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        or evicted to relieve it (policies/relief.py: they restart as soon as GPUs free up);
     3. teams that are owed service: a fair-share factor of at least ``fairshare_tier`` (or,
        with ``share_tier`` set, fewer GPUs held now than that x their weighted share); with
-       ``long_tier`` set, also the long jobs (predicted median at least ``long_tier_s``) of
-       teams whose factor is at least ``long_tier`` (the score alone rarely lifts a long job
-       of a light team past a stream of short ones from heavier teams);
+       ``long_tier`` set (the default), also the long jobs (predicted median at least
+       ``long_tier_s``) of teams whose factor is at least ``long_tier`` (the score alone
+       rarely lifts a light team's day-long job past a stream of short ones from heavier
+       teams: its expected slowdown rises slowly);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
        runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
        smallest jobs go first, and every job's priority keeps rising while it waits (with
@@ -136,7 +136,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
             if (fs_tier and f >= fs_tier)
             or (share and used.get(t, 0) < share_tier * share.get(t, 0))}
     long_owed = {t for t, f in fs.items() if 0 < s["long_tier"] <= f} - owed
-    long_s, long_cls = s["long_tier_s"], s["long_tier_classes"]
+    long_s = s["long_tier_s"]
     mult = {t: (0.5 + f) ** s["fairshare_weight"] for t, f in fs.items()}
     q, now, floor = s["order_quantile"], snapshot.now, s["min_estimate_s"]
     rexp, sexp, cw, starve = (s["runtime_exponent"], s["size_exponent"], s["class_weight"],
@@ -174,8 +174,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     decorated = [
         (urgent.get(j.priority, 0),
          j.id != holder, not resumes_first(j),
-         j.team not in owed and not (j.team in long_owed and median(j) >= long_s
-                                     and (not long_cls or j.priority in long_cls)),
+         j.team not in owed and not (j.team in long_owed and median(j) >= long_s),
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
              * (now - j.submitted_at)))

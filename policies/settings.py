@@ -4,7 +4,7 @@
 ::
 
     settings:
-      spillway: {fairshare_tier: 0.85, class_weight: {normal: 2, low: 1}}  # spillway's order
+      spillway: {fairshare_tier: 0.95, class_weight: {normal: 2, low: 1}}  # spillway's order
                                            # and cycle (policies/ordering.py SPILLWAY_DEFAULTS)
       slurm: {weight_fairshare: 10000}     # the multifactor order (SLURM_DEFAULTS)
       slurm-like: {backfill_relax: 0.0}    # another bundle's cycle: backfill_relax only
@@ -104,7 +104,5 @@ def _check_value(key: str, value: Any, at: str, classes: tuple[str, ...]) -> Non
         _class_names(list(value), at, classes)
         for name, w in value.items():
             _number(w, f"{at}.{name}")
-    elif key == "long_tier_classes":
-        _class_names(value, at, classes)
     else:
         _number(value, at, share=key in QUANTILES, positive=key in POSITIVE)

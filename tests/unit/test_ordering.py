@@ -133,10 +133,9 @@ OWED = [mk("heavy_short", team="A", ago=3600, limit=600),
         mk("light_long", team="B", ago=60, limit=86400)]
 # the long-tier rows: B (factor 0.76, under fairshare_tier) against A (0.33)
 LONG = {"usage": {"A": 1000.0, "B": 250.0}, "teams": TEAMS}
-LONG_ON = {**LONG, "settings": {"spillway": {"long_tier": 0.6}}}
+LONG_ON = {**LONG, "settings": {"spillway": {"long_tier": 0.6, "long_tier_s": 14400.0}}}
 LONG_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
              mk("b_long", team="B", ago=60, limit=86400)]
-CLASS_JOBS = [*LONG_JOBS, mk("b_low", "low", team="B", ago=60, limit=86400)]
 MID_JOBS = [mk("a_short", team="A", ago=3600, limit=600),
             mk("b_mid", team="B", ago=60, limit=7200)]
 
@@ -197,20 +196,23 @@ SPILLWAY = {
     "a team owed service (factor >= 0.85) goes ahead of a heavy team's shorter job": (
         OWED,
         {"usage": {"A": 1000.0}, "teams": TEAMS}, ["light_long", "heavy_short"]),
-    "fairshare_tier is a setting (0: off, the score alone)": (
+    "fairshare_tier and long_tier are settings (0: off, the score alone)": (
         OWED,
         {"usage": {"A": 1000.0}, "teams": TEAMS,
-         "settings": {"spillway": {"fairshare_tier": 0.0}}}, ["heavy_short", "light_long"]),
+         "settings": {"spillway": {"fairshare_tier": 0.0, "long_tier": 0.0}}},
+        ["heavy_short", "light_long"]),
     "both teams owed service (a third used the most): the score decides between them": (
         [mk("a_long", team="A", ago=60, limit=86400),
          mk("b_short", team="B", ago=3600, limit=600),
          mk("c_short", team="C", ago=3600, limit=600)],
         {"usage": {"A": 1.0, "B": 10.0, "C": 1000.0}, "teams": TEAMS},
         ["b_short", "a_long", "c_short"]),
-    "long_tier off by default: the score alone": (
-        LONG_JOBS, LONG, ["a_short", "b_long"]),
-    "long_tier: a team with a factor of at least it goes first with its long jobs": (
-        LONG_JOBS, LONG_ON, ["b_long", "a_short"]),
+    "long_tier (0.6) by default: a team at or above it goes first with its long jobs": (
+        LONG_JOBS, LONG, ["b_long", "a_short"]),
+    "long_tier: 0 turns it off: the score alone": (
+        LONG_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.0}}}, ["a_short", "b_long"]),
+    "long_tier is a setting": (
+        LONG_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.7}}}, ["b_long", "a_short"]),
     "long_tier: a team under it is not lifted": (
         LONG_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.8}}},
         ["a_short", "b_long"]),
@@ -219,12 +221,6 @@ SPILLWAY = {
     "long_tier_s is a setting": (
         MID_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.6, "long_tier_s": 3600.0}}},
         ["b_mid", "a_short"]),
-    "long_tier: every class of the shared tier by default": (
-        CLASS_JOBS, LONG_ON, ["b_long", "b_low", "a_short"]),
-    "long_tier_classes: only the jobs of those classes are lifted": (
-        CLASS_JOBS, {**LONG, "settings": {"spillway": {"long_tier": 0.6,
-                                                        "long_tier_classes": ["normal"]}}},
-        ["b_long", "a_short", "b_low"]),
     "long_tier reads the predicted median, not the limit": (
         LONG_JOBS, {**LONG_ON, "predictor": StubPredictor({"b_long": 7200.0})},
         ["a_short", "b_long"]),

@@ -22,7 +22,7 @@ GOOD: dict[str, dict[str, Any]] = {
     "empty": {},
     "spillway knobs": {"spillway": {"fairshare_tier": 0.7, "relief_slowdown": 0,
                                     "class_weight": {"normal": 2, "low": 1.5},
-                                    "long_tier_classes": ["normal"], "order_quantile": 0.9}},
+                                    "long_tier_s": 3600, "order_quantile": 0.9}},
     "slurm weights": {"slurm": {"weight_fairshare": 20000, "max_age_s": 86400}},
     "another bundle's backfill_relax": {"slurm-like": {"backfill_relax": 0.5},
                                         "fcfs": {}},
@@ -62,9 +62,6 @@ BAD: dict[str, tuple[Any, str]] = {
                                          "allowed: ['critical', 'high', 'normal', 'low']"),
     "class_weight negative": ({"spillway": {"class_weight": {"low": -1}}},
                               "here.spillway.class_weight.low: -1 is not allowed"),
-    "long_tier_classes not a list": ({"spillway": {"long_tier_classes": "normal"}},
-                                     "here.spillway.long_tier_classes: 'normal' is not allowed; "
-                                     "allowed: a list of class names"),
     "a Config value outside a cluster file": ({"grace_s": 5}, "here: 'grace_s' is not a "
                                                               "setting"),
 }
