@@ -17,7 +17,8 @@ preemption. Spillway makes it only where the trade is lopsided, by a documented 
 - its *gain* is the slowdown it is spared: ``(reservation start - now - grace) / e``, with
   ``e`` its runtime estimate (at least ``min_estimate_s``); it must be at least
   ``relief_slowdown``;
-- victims: running, checkpointable, of a preemptible class ranked no higher than the holder's,
+- victims: running, checkpointable, of a preemptible class of any rank (the classes that share
+  spillway's queue are not ranked against each other there, so neither are they here),
   started at least ``min_runtime_s`` ago (no thrashing) and not expected to end within
   ``defrag_min_gain_s`` anyway; chosen by the preemption rule's order (``policies/preemption.py``:
   fewest victims, least work lost, ...);
