@@ -16,7 +16,6 @@ from typing import Any, TypeGuard
 import yaml
 
 from broker.errors import ConfigError
-from policies.settings import check_settings
 
 
 @dataclass(frozen=True)
@@ -215,6 +214,8 @@ def load_config(
                 changes.setdefault("extra", dict(cfg.extra))[key] = value
         cfg = replace(cfg, **changes)
         if "policy_settings" in changes:
+            from policies.settings import check_settings  # late: it uses this module
+
             cfg = replace(cfg, policy_settings=check_settings(
                 cfg.policy_settings, "config policy_settings", classes=cfg.class_names))
     for key in _SCALARS:

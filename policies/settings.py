@@ -20,10 +20,10 @@ misspelt knob would otherwise be ignored without a word.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from broker.config import is_number
 from broker.errors import ConfigError
 
 #: Configuration values a cluster file may override (the simulator applies them to its Config).
@@ -48,7 +48,7 @@ def _sections() -> dict[str, Mapping[str, Any]]:
 
 
 def _number(value: Any, where: str, *, share: bool = False, positive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = is_number(value)
     if share:
         if not ok or not 0 < value <= 1:
             raise ConfigError(f"{where}: {value!r} is not allowed; allowed: a number in (0, 1]")
@@ -56,14 +56,6 @@ def _number(value: Any, where: str, *, share: bool = False, positive: bool = Fal
         kind = "a number > 0" if positive else "a number >= 0"
         raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {kind}")
     return float(value)
-
-
-def _class_names(value: Any, where: str, classes: tuple[str, ...]) -> None:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: a list of class names")
-    for v in value:
-        if classes and v not in classes:
-            raise ConfigError(f"{where}: {v!r} is not a class; allowed: {list(classes)}")
 
 
 def check_settings(settings: Mapping[str, Any], where: str, *,
@@ -101,8 +93,9 @@ def _check_value(key: str, value: Any, at: str, classes: tuple[str, ...]) -> Non
         if not isinstance(value, Mapping):
             raise ConfigError(f"{at}: must be a mapping of class name to weight, e.g. "
                               "{normal: 2, low: 1}")
-        _class_names(list(value), at, classes)
         for name, w in value.items():
+            if classes and name not in classes:
+                raise ConfigError(f"{at}: {name!r} is not a class; allowed: {list(classes)}")
             _number(w, f"{at}.{name}")
     else:
         _number(value, at, share=key in QUANTILES, positive=key in POSITIVE)

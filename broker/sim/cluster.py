@@ -134,7 +134,7 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
     settings = check_settings(data.get("settings") or {}, f"{source}: settings",
                               classes=[c.name for c in classes], cluster=True)
     return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
-                   settings=MappingProxyType(dict(settings)))
+                   settings=MappingProxyType(settings))
 
 
 def _node_group(item: Any, where: str) -> list[Node]:
