@@ -42,6 +42,7 @@ from policies.speed import convert_runtime
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
 _LEASE = 1e15
+_WAITING = frozenset({"Resources", "Priority"})  # reason codes of a job waiting for GPUs
 
 
 @dataclass
@@ -90,6 +91,11 @@ class Simulation:
         self.relief = self.policy.relief and self.policy.preempt != "none"
         self._wake = math.inf  # the earliest wake-up event queued (Plan.wake_at)
         self._holder = False  # the last cycle left a reservation (its holder stays first)
+        # strict FIFO without preemption (fcfs): once a job waits for GPUs, every later arrival
+        # queues behind it, so only a job leaving (end or eviction) can change the plan
+        self.strict_fifo = (self.policy.order == "fifo" and self.policy.backfill == "none"
+                            and self.policy.preempt == "none")
+        self._stuck = False
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -138,8 +144,10 @@ class Simulation:
                     arrivals.append(job_id)
                 elif kind == END:
                     self._end(job_id, attempt, now)
+                    self._stuck = False
                 elif kind == STOP:
                     self._stopped(job_id, attempt, now)
+                    self._stuck = False
                 else:
                     woken = True
             if arrivals:
@@ -175,8 +183,10 @@ class Simulation:
         busy and no waiting job may preempt (production would plan the same: no start).
         ``force``: it could, even so: with relief, a job arrived and nobody holds the
         reservation (it may become the holder and evict jobs of its own class), or an earlier
-        cycle asked to be woken now (``Plan.wake_at``)."""
-        if not force and (self.queued_jobs == 0
+        cycle asked to be woken now (``Plan.wake_at``). Under strict FIFO without preemption
+        (fcfs), a cycle after one that left a job waiting for GPUs is skipped too until a job
+        ends or is evicted: arrivals queue behind that job, so the plan would start nothing."""
+        if not force and (self.queued_jobs == 0 or self._stuck
                           or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
             return
@@ -193,6 +203,7 @@ class Simulation:
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
         self._holder = plan.reservation is not None
+        self._stuck = self.strict_fifo and any(r.code in _WAITING for r in plan.pending.values())
         if plan.wake_at is not None and now < plan.wake_at < self._wake:
             self._wake = plan.wake_at
             self._push(plan.wake_at, WAKE, "")
