@@ -88,6 +88,8 @@ class _Cycle:
         self.shadow: Shadow | None = None
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
+        self._predict = snap.predictor.estimate if policies.estimate == "predictor" \
+            and snap.predictor is not None else None
         self._ends: dict[str, float] = {}
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
@@ -107,8 +109,9 @@ class _Cycle:
 
     def estimate(self, job: Job) -> float:
         est = self._estimates.get(job.id)
-        if est is None:
-            est = self._estimates[job.id] = runtime_estimate(self.snap, self.policies, job)
+        if est is None:  # runtime_estimate(), its choice made once in __init__
+            est = self._estimates[job.id] = self._predict(job) if self._predict is not None \
+                else job.spec.time_limit or math.inf
         return est
 
     # -- phases ----------------------------------------------------------------------------

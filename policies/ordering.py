@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from broker.model import Job
@@ -17,6 +18,8 @@ from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
 from policies.relief import resumes_first
+
+_BY_AGE = attrgetter("submitted_at", "id")  # (a C-level key: fcfs sorts long queues)
 
 
 def _ranks(snapshot: Snapshot) -> dict[str, int]:
@@ -34,7 +37,7 @@ def priority_fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 def fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     """Strict submission order, whatever the class (the ``fcfs`` baseline)."""
     del snapshot
-    return sorted(jobs, key=lambda j: (j.submitted_at, j.id))
+    return sorted(jobs, key=_BY_AGE)
 
 
 # Slurm's multifactor plugin with the weights of its documented configuration example
@@ -173,7 +176,7 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
     decorated = [
         (urgent.get(j.priority, 0),
-         j.id != holder, not resumes_first(j),
+         j.id != holder, not (j.attempt > 1 and resumes_first(j)),  # (its quick test inlined)
          j.team not in owed and not (j.team in long_owed and median(j) >= long_s),
          -(mult.get(j.team, 1.5) * (cw.get(j.priority, 1.0) + (
              m[1] if (m := cached(j.id)) is not None and m[0] == epoch else rate(j))
