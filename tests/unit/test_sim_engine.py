@@ -308,7 +308,8 @@ def test_without_relief_the_short_job_waits_for_the_long_ones() -> None:
 # -- strict FIFO skips cycles that cannot start anything ----------------------------------------
 
 def _backlog(n: int = 120, seed: int = 7) -> Trace:
-    """A seeded stream of 1-8 GPU jobs (some 2-node gangs) arriving faster than they finish."""
+    """A seeded stream of 1-4 GPU jobs (a tenth of them 2-node gangs) arriving faster than they
+    finish."""
     import random
 
     rng = random.Random(seed)
