@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -461,6 +462,10 @@ class Job:
             raise InvalidTransition(self.id, self.state.value, new.value)
         entry = HistoryEntry(new, now, reason, changes.get("attempt", self.attempt))
         return replace(self, state=new, history=(*self.history, entry), **changes)
+
+
+#: Sort key for jobs, oldest first: submission time, then id (C-level: long queues use it).
+BY_AGE = attrgetter("submitted_at", "id")
 
 
 def _alloc_dict(a: Allocation) -> dict[str, Any]:

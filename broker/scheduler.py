@@ -67,11 +67,20 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
     return cycle.run(explain)
 
 
-def runtime_estimate(snap: Snapshot, policies: PolicySet, job: Job) -> float:
-    """The runtime a cycle expects of a job: the predictor's, or the time limit (inf: none)."""
+def estimator(snap: Snapshot, policies: PolicySet) -> Callable[[Job], float]:
+    """How a cycle estimates a job's runtime: the predictor's, or the time limit (inf: none)."""
     if policies.estimate == "predictor" and snap.predictor is not None:
-        return snap.predictor.estimate(job)
+        return snap.predictor.estimate
+    return _time_limit
+
+
+def _time_limit(job: Job) -> float:
     return job.spec.time_limit or math.inf
+
+
+def runtime_estimate(snap: Snapshot, policies: PolicySet, job: Job) -> float:
+    """The runtime a cycle expects of a job (see :func:`estimator`)."""
+    return estimator(snap, policies)(job)
 
 
 class _Cycle:
@@ -88,8 +97,7 @@ class _Cycle:
         self.shadow: Shadow | None = None
         self.blocked: list[Job] = []  # feasible jobs left pending, in queue order
         self._estimates: dict[str, float] = {}
-        self._predict = snap.predictor.estimate if policies.estimate == "predictor" \
-            and snap.predictor is not None else None
+        self._estimate = estimator(snap, policies)  # chosen once: every lookup goes through it
         self._ends: dict[str, float] = {}
         self._fs: dict[str, float] | None = None
         self.preemptible = {c.name for c in snap.classes if c.preemptible}
@@ -109,9 +117,8 @@ class _Cycle:
 
     def estimate(self, job: Job) -> float:
         est = self._estimates.get(job.id)
-        if est is None:  # runtime_estimate(), its choice made once in __init__
-            est = self._estimates[job.id] = self._predict(job) if self._predict is not None \
-                else job.spec.time_limit or math.inf
+        if est is None:
+            est = self._estimates[job.id] = self._estimate(job)
         return est
 
     # -- phases ----------------------------------------------------------------------------

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import Any
 
-from broker.model import Job
+from broker.model import BY_AGE, Job
 from broker.plan import Snapshot
 from policies.fairshare import fairshare_factors, gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
 from policies.relief import resumes_first
-
-_BY_AGE = attrgetter("submitted_at", "id")  # (a C-level key: fcfs sorts long queues)
 
 
 def _ranks(snapshot: Snapshot) -> dict[str, int]:
@@ -37,7 +34,7 @@ def priority_fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 def fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     """Strict submission order, whatever the class (the ``fcfs`` baseline)."""
     del snapshot
-    return sorted(jobs, key=_BY_AGE)
+    return sorted(jobs, key=BY_AGE)
 
 
 # Slurm's multifactor plugin with the weights of its documented configuration example

@@ -5,16 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from operator import attrgetter
 
 from broker.config import Config
 from broker.errors import StaleAttempt
-from broker.model import Job, Node, NodeState, Reason
+from broker.model import BY_AGE, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import BUSY, DEAD, OK, VERSION, BaseStore, LogLine
 from broker.store.transitions import Change
-
-_BY_AGE = attrgetter("submitted_at", "id")
 
 
 class MemoryStore(BaseStore):
@@ -116,7 +113,7 @@ class MemoryStore(BaseStore):
         """For a snapshot: oldest first (a C-level sort on the records themselves)."""
         with self._lock:
             src = self._pending if which == "pending" else self._active
-            return sorted((self._jobs[i] for i in src), key=_BY_AGE)
+            return sorted((self._jobs[i] for i in src), key=BY_AGE)
 
     def _put_node(self, node: Node, lease_expires: float) -> None:
         with self._lock:
