@@ -1,7 +1,8 @@
-"""Configuration: priority classes, timings and the Redis URL.
+"""Configuration: priority classes, timings and the Redis URL. It loads and checks only.
 
 Read from a YAML file (``--config``, ``SPILLWAY_CONFIG`` or ``~/.config/spillway/config.yaml``)
-and then from ``SPILLWAY_*`` environment variables, which win.
+and then from ``SPILLWAY_*`` environment variables, which win. The vocabulary it fills in
+(:class:`PriorityClass`, :class:`Team`) lives in :mod:`broker.model`; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -16,29 +17,21 @@ from typing import Any, TypeGuard
 import yaml
 
 from broker.errors import ConfigError
+from broker.model import PriorityClass, Team, parse_duration
 
-
-@dataclass(frozen=True)
-class PriorityClass:
-    """A priority class: its rank orders the queue; its SLA is the longest wait it accepts."""
-
-    name: str
-    rank: int
-    sla_s: float
-    may_preempt: bool = False
-    preemptible: bool = True
-    may_burst: bool = True
-    spot_allowed: bool = True
-
-
-@dataclass(frozen=True)
-class Team:
-    """A team: its fair-share weight and the on-prem GPUs it is guaranteed (others may borrow
-    them while idle; the owner reclaims them, by preemption where the borrowers allow it)."""
-
-    name: str
-    weight: float = 1.0
-    quota_gpus: int = 0
+__all__ = [  # PriorityClass and Team are re-exported: callers import them from here too
+    "CLASS_KEYS",
+    "DEFAULT_CLASSES",
+    "TEAM_KEYS",
+    "Config",
+    "PriorityClass",
+    "Team",
+    "is_number",
+    "is_whole",
+    "load_config",
+    "parse_classes",
+    "parse_teams",
+]
 
 
 DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
@@ -112,8 +105,6 @@ def is_number(value: Any) -> bool:
 def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClass, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{where}: must be a non-empty list of {{name, rank, sla_s, ...}}")
-    from broker.model import parse_duration  # late: the model imports this module
-
     out: list[PriorityClass] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"

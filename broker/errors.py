@@ -40,11 +40,12 @@ class ConfigError(SpillwayError):
 
 
 class InvalidTransition(SpillwayError):
-    """A job was asked to move along an edge the state machine does not have."""
+    """A job (or a node, an instance: ``what``) was asked to move along an edge its state
+    machine does not have. ``job_id`` is the id of whatever was asked to move."""
 
-    def __init__(self, job_id: str, src: str, dst: str) -> None:
-        self.job_id, self.src, self.dst = job_id, src, dst
-        super().__init__(f"job {job_id}: illegal state change {src} -> {dst}")
+    def __init__(self, job_id: str, src: str, dst: str, what: str = "job") -> None:
+        self.job_id, self.src, self.dst, self.what = job_id, src, dst, what
+        super().__init__(f"{what} {job_id}: illegal state change {src} -> {dst}")
 
 
 class StoreError(SpillwayError):

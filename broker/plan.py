@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from broker.config import PriorityClass, Team
-from broker.model import Allocation, Job, Node, Reason
+from broker.model import Allocation, Job, Node, PriorityClass, Reason, Team
 
 
 class Estimator(Protocol):

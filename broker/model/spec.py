@@ -1,7 +1,7 @@
-"""The model: what a user asks for (JobSpec), what the system tracks (Job, Node).
+"""What a user asks for: JobSpec, validated at the edge, and the Resources it needs.
 
-JobSpec is a frozen pydantic model validated at the edge. Everything else is a frozen
-dataclass changed with ``dataclasses.replace``.
+JobSpec is a frozen pydantic model. Checking it against the configured priority classes reads
+only what :class:`SpecDefaults` names, so this module never imports the configuration.
 """
 
 from __future__ import annotations
@@ -9,23 +9,36 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
 from functools import cached_property
-from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from broker.config import Config
 from broker.errors import FieldError, SpecError
 from broker.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
-from broker.state import JobState
+from broker.model.classes import PriorityClass
 
 SITES = ("onprem", "cloud", "spot")
 _DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+class SpecDefaults(Protocol):
+    """What checking a JobSpec reads from the configuration (``broker.config.Config`` has it)."""
+
+    @property
+    def default_class(self) -> str: ...
+
+    @property
+    def default_team(self) -> str: ...
+
+    @property
+    def class_names(self) -> tuple[str, ...]: ...
+
+    def priority(self, name: str) -> PriorityClass | None: ...
+
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -255,7 +268,7 @@ class JobSpec(BaseModel):
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any], config: Config | None = None) -> JobSpec:
+    def parse(cls, data: Mapping[str, Any], config: SpecDefaults | None = None) -> JobSpec:
         """Validate user input; raise :class:`SpecError` naming every bad field."""
         try:
             spec = cls.model_validate(dict(data))
@@ -269,7 +282,7 @@ class JobSpec(BaseModel):
             raise SpecError(errors) from None
         return spec.checked(config) if config is not None else spec
 
-    def checked(self, config: Config) -> JobSpec:
+    def checked(self, config: SpecDefaults) -> JobSpec:
         """Resolve defaults from config and check the class; raise SpecError if unknown."""
         prio = self.priority or config.default_class
         if config.priority(prio) is None:
@@ -312,248 +325,3 @@ def _field_error(err: Mapping[str, Any]) -> FieldError:
     else:
         allowed = _ALLOWED_HINT.get(loc.split(".")[0], "")
     return FieldError(loc, msg, allowed)
-
-
-# ---------------------------------------------------------------------------------------------
-# Jobs
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The GPUs one job holds on one node; ``rank`` orders the nodes of a gang."""
-
-    node_id: str
-    gpu_ids: tuple[str, ...]
-    rank: int = 0
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    state: JobState
-    time: float
-    reason: str
-    attempt: int
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One placement of a job, kept after it ends so GPU use can be audited."""
-
-    number: int
-    allocations: tuple[Allocation, ...]
-    started_at: float
-    ended_at: float | None = None
-    outcome: str | None = None
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a job is still pending. ``code`` is stable (Priority, Resources, NoFeasibleNode...)."""
-
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Job:
-    id: str
-    spec: JobSpec
-    state: JobState
-    submitted_at: float
-    attempt: int = 1
-    version: int = 1
-    history: tuple[HistoryEntry, ...] = ()
-    allocations: tuple[Allocation, ...] = ()  # the current attempt's GPUs
-    attempts: tuple[Attempt, ...] = ()  # every placement, past and current
-    exit_code: int | None = None
-    parts_exited: tuple[tuple[int, int], ...] = ()  # (rank, exit code) of the current attempt
-    stop_target: JobState | None = None  # CANCELLED or PREEMPTED while STOPPING
-    pending_reason: Reason | None = None
-    started_at: float | None = None  # when the current attempt started RUNNING
-    finished_at: float | None = None
-
-    @cached_property
-    def priority(self) -> str:
-        return self.spec.priority or "normal"
-
-    @cached_property
-    def res(self) -> Resources:
-        """``spec.resources``, computed once per record (the cycle asks often)."""
-        return self.spec.resources
-
-    @cached_property
-    def kind_key(self) -> str:
-        """What makes jobs alike for runtime prediction: the name, else the command."""
-        return self.spec.name or self.spec.display_command
-
-    @cached_property
-    def team(self) -> str:
-        return self.spec.team or "default"
-
-    @property
-    def name(self) -> str:
-        return self.spec.name or self.id
-
-    @property
-    def node_ids(self) -> tuple[str, ...]:
-        return tuple(a.node_id for a in self.allocations)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "spec": self.spec.model_dump(mode="json"),
-            "state": self.state.value,
-            "submitted_at": self.submitted_at,
-            "attempt": self.attempt,
-            "version": self.version,
-            "history": [[h.state.value, h.time, h.reason, h.attempt] for h in self.history],
-            "allocations": [_alloc_dict(a) for a in self.allocations],
-            "attempts": [
-                {
-                    "number": a.number,
-                    "allocations": [_alloc_dict(x) for x in a.allocations],
-                    "started_at": a.started_at,
-                    "ended_at": a.ended_at,
-                    "outcome": a.outcome,
-                }
-                for a in self.attempts
-            ],
-            "exit_code": self.exit_code,
-            "parts_exited": [list(p) for p in self.parts_exited],
-            "stop_target": self.stop_target.value if self.stop_target else None,
-            "pending_reason": (
-                [self.pending_reason.code, self.pending_reason.message]
-                if self.pending_reason else None
-            ),
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Job:
-        return cls(
-            id=d["id"],
-            spec=JobSpec.model_construct(**_spec_fields(d["spec"])),
-            state=JobState(d["state"]),
-            submitted_at=d["submitted_at"],
-            attempt=d["attempt"],
-            version=d["version"],
-            history=tuple(HistoryEntry(JobState(s), t, r, a) for s, t, r, a in d["history"]),
-            allocations=tuple(_alloc(a) for a in d["allocations"]),
-            attempts=tuple(
-                Attempt(a["number"], tuple(_alloc(x) for x in a["allocations"]),
-                        a["started_at"], a["ended_at"], a["outcome"])
-                for a in d["attempts"]
-            ),
-            exit_code=d["exit_code"],
-            parts_exited=tuple((r, c) for r, c in d["parts_exited"]),
-            stop_target=JobState(d["stop_target"]) if d["stop_target"] else None,
-            pending_reason=Reason(*d["pending_reason"]) if d["pending_reason"] else None,
-            started_at=d["started_at"],
-            finished_at=d["finished_at"],
-        )
-
-    def with_state(self, new: JobState, now: float, reason: str, **changes: Any) -> Job:
-        """Move to ``new`` along a legal edge, recording history; raise InvalidTransition."""
-        from broker.errors import InvalidTransition
-        from broker.state import can_move
-
-        if not can_move(self.state, new):
-            raise InvalidTransition(self.id, self.state.value, new.value)
-        entry = HistoryEntry(new, now, reason, changes.get("attempt", self.attempt))
-        return replace(self, state=new, history=(*self.history, entry), **changes)
-
-
-#: Sort key for jobs, oldest first: submission time, then id (C-level: long queues use it).
-BY_AGE = attrgetter("submitted_at", "id")
-
-
-def _alloc_dict(a: Allocation) -> dict[str, Any]:
-    return {"node_id": a.node_id, "gpu_ids": list(a.gpu_ids), "rank": a.rank}
-
-
-def _alloc(d: Mapping[str, Any]) -> Allocation:
-    return Allocation(d["node_id"], tuple(d["gpu_ids"]), d.get("rank", 0))
-
-
-def _spec_fields(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Stored specs were validated on submit: rebuild without re-validating (fast path)."""
-    out = dict(d)
-    for key in ("gpu_types", "sites"):
-        if key in out and out[key] is not None:
-            out[key] = tuple(out[key])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Nodes
-
-
-class NodeState(str, Enum):
-    READY = "READY"  # accepts new jobs
-    DRAINING = "DRAINING"  # runs what it has, takes nothing new
-    DOWN = "DOWN"  # lease expired
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One allocatable device: a whole GPU, or one MIG instance (then ``mig_profile`` is set)."""
-
-    id: str  # UUID (GPU-... or MIG-...)
-    index: int
-    model: str  # canonical model of the physical GPU
-    memory_gb: float
-    mig_profile: str | None = None
-    parent: str | None = None  # the physical GPU's UUID for a MIG instance
-    mig_enabled: bool = False  # a whole GPU that is split into MIG instances
-
-
-@dataclass(frozen=True)
-class Node:
-    id: str
-    gpus: tuple[Gpu, ...]
-    site: str = "onprem"
-    hostname: str = ""
-    cpus: float = 0.0
-    memory_gb: float = 0.0
-    labels: Mapping[str, str] = field(default_factory=dict)
-    state: NodeState = NodeState.READY
-    lease_expires: float = 0.0
-    incarnation: str = ""  # changes when the agent restarts
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "gpus": [vars(g) for g in self.gpus],
-            "site": self.site,
-            "hostname": self.hostname,
-            "cpus": self.cpus,
-            "memory_gb": self.memory_gb,
-            "labels": dict(self.labels),
-            "state": self.state.value,
-            "lease_expires": self.lease_expires,
-            "incarnation": self.incarnation,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Node:
-        return cls(
-            id=d["id"],
-            gpus=tuple(Gpu(**g) for g in d["gpus"]),
-            site=d.get("site", "onprem"),
-            hostname=d.get("hostname", ""),
-            cpus=d.get("cpus", 0.0),
-            memory_gb=d.get("memory_gb", 0.0),
-            labels=d.get("labels", {}),
-            state=NodeState(d.get("state", "READY")),
-            lease_expires=d.get("lease_expires", 0.0),
-            incarnation=d.get("incarnation", ""),
-        )
-
-    @cached_property
-    def allocatable(self) -> tuple[Gpu, ...]:
-        """Devices a job can hold: whole GPUs not split by MIG, and MIG instances."""
-        return tuple(g for g in self.gpus if not g.mig_enabled)
