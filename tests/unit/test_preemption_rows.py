@@ -25,7 +25,9 @@ from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 
 NOW = 10_000.0
-PRIORITY = PolicySet(preempt="priority")  # priority-fifo, EASY backfill, class preemption
+# The default policy set: priority-fifo order, EASY backfill, class preemption and quota
+# reclaim (built without naming its fields, which are being renamed).
+PRIORITY = PolicySet()
 
 
 def mixed(node_id: str, *groups: tuple[str, int], site: str = "onprem", cpus: float = 0,
