@@ -57,6 +57,8 @@ class Config:
     classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
     teams: tuple[Team, ...] = ()  # teams not listed get weight 1 and no guaranteed quota
     policy: str = "spillway"  # a policy bundle: spillway, slurm-like or fcfs (policies/registry)
+    # (the bundle's name and policy_settings are checked by policies.settings.check_config,
+    # which the scheduler and the CLI run: the configuration imports nothing from policies)
     fairshare_half_life_s: float = 7 * 86400.0  # decay of past GPU usage (Slurm's default)
     min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
     policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
@@ -72,6 +74,9 @@ class Config:
     def class_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.classes)
 
+
+#: Configuration values a simulator cluster file's ``settings`` may override.
+CLUSTER_CONFIG_KEYS = ("fairshare_half_life_s", "min_runtime_s", "grace_s")
 
 _SCALARS = {f.name: f.type for f in fields(Config)
             if f.name not in ("classes", "extra", "teams", "policy_settings")}
@@ -198,17 +203,15 @@ def load_config(
             elif key == "teams":
                 changes["teams"] = parse_teams(value)
             elif key == "policy_settings":
-                changes["policy_settings"] = value  # checked below, with the file's classes
+                changes["policy_settings"] = value  # its keys: policies.settings.check_config
             elif key in _SCALARS:
                 changes[key] = _coerce(key, value)
             else:
                 changes.setdefault("extra", dict(cfg.extra))[key] = value
         cfg = replace(cfg, **changes)
-        if "policy_settings" in changes:
-            from policies.settings import check_settings  # late: it uses this module
-
-            cfg = replace(cfg, policy_settings=check_settings(
-                cfg.policy_settings, "config policy_settings", classes=cfg.class_names))
+        if "policy_settings" in changes and not isinstance(cfg.policy_settings, Mapping):
+            raise ConfigError("config policy_settings: must be a mapping of policy name to its "
+                              "settings, e.g. {spillway: {fairshare_tier: 0.9}}")
     for key in _SCALARS:
         var = f"SPILLWAY_{key.upper()}"
         if var in env:
@@ -220,10 +223,6 @@ def load_config(
         raise ConfigError(
             f"config default_class: {cfg.default_class!r} is not one of {list(cfg.class_names)}"
         )
-    from policies.registry import BUNDLES  # late: policies import this module
-
-    if cfg.policy not in BUNDLES:
-        raise ConfigError(f"config policy: {cfg.policy!r} is not one of {sorted(BUNDLES)}")
     if cfg.lease_ttl_s <= cfg.heartbeat_s:
         raise ConfigError("config lease_ttl_s must be longer than heartbeat_s")
     return cfg

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from broker.model import Allocation, Job, Node, PriorityClass, Reason, Team
+from broker.state import EvictionKind
 
 
 class Estimator(Protocol):
@@ -81,8 +82,9 @@ class Start:
 class Preempt:
     job_id: str
     attempt: int
-    reason: str
+    reason: str  # for people: who it makes room for
     grace_s: float
+    kind: EvictionKind = EvictionKind.PRIORITY  # why, typed: recorded in the job's history
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ class Plan:
     # The simulator, which skips cycles that cannot change anything, runs one then; production
     # runs a cycle every cycle_s anyway
     wake_at: float | None = None
+    # nothing but a job leaving (an end, an eviction) can change this plan: arrivals queue
+    # behind a job left waiting (strict order, arrivals last, nothing evicts). The simulator
+    # skips cycles until one; production runs a cycle every cycle_s anyway
+    until_event: bool = False
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,26 @@ class JobState(str, Enum):
         return self.value
 
 
+class EvictionKind(str, Enum):
+    """Why a running job was stopped to make room (on its Preempt and in its history)."""
+
+    PRIORITY = "priority"  # a class that may preempt took the GPUs of a lower-ranked job
+    QUOTA = "quota"  # a team below its guaranteed GPUs reclaimed them from a borrower
+    SCAVENGE = "scavenge"  # it used a reservation's idle GPUs; the reservation is due
+    MOVE = "move"  # defragmentation: restarts at once elsewhere to make whole nodes
+    RELIEF = "relief"  # a short job starved far past its runtime needed its GPUs
+    SPOT = "spot"  # the cloud is reclaiming its spot instance (an interruption notice)
+    BUDGET = "budget"  # its team's hard budget ran out
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Evictions after which a job goes back to the front of the queue: it lost its GPUs only for
+#: the sake of one other job, and restarts as soon as GPUs free up (policies/defrag.py, relief.py)
+RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF})
+
+
 S = JobState
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {

@@ -14,10 +14,15 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from broker.model import Allocation, Job
 from broker.plan import Reservation
 from policies.placement import FreeIndex, Kind
+from policies.registry import register
+
+if TYPE_CHECKING:
+    from policies.cycle import Cycle
 
 Profile = dict[str, dict[Kind, list[tuple[float, int]]]]  # node -> kind -> [(end, devices)]
 
@@ -105,3 +110,39 @@ def reserve(job: Job, index: FreeIndex, profile: Profile, now: float) -> Shadow 
             c for end, c in profile.get(nid, {}).get(kind, ()) if end <= start)
         cap[nid] = max(0, free_then - res.gpus)
     return Shadow(Reservation(job.id, start, tuple(nodes), kind[0]), kind, cap)
+
+
+class Reserver:
+    """The reserve role: what the first job that cannot be placed (the head) gets.
+
+    ``strict``: the head blocks every later job (strict order); otherwise ``reserve`` gives it
+    a reservation from the release ``profile`` and later jobs backfill around it."""
+
+    strict = False
+
+    def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
+        raise NotImplementedError
+
+
+@register("reserve", "easy", settings={"backfill_relax": 0.0})
+class Easy(Reserver):
+    """EASY backfill (the module docstring). Setting ``backfill_relax`` (0): a backfilled job
+    may end up to this x the head's wait past the reservation's start (relaxed backfill)."""
+
+    def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
+        shadow = reserve(job, cycle.index, profile, cycle.now)
+        relax = float(cycle.settings("easy")["backfill_relax"])
+        if shadow is not None and relax > 0:
+            shadow.slack_s = relax * max(0.0, cycle.now - job.submitted_at)
+        return shadow
+
+
+@register("reserve", "strict")
+class Strict(Reserver):
+    """No reservation and no backfill: the first blocked job blocks every later one."""
+
+    strict = True
+
+    def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
+        del cycle, job, profile
+        return None

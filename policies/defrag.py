@@ -27,26 +27,121 @@ The cycle plans the moves as soon as the holder is found blocked, before backfil
 take the free GPUs the moved jobs need), keeps the landing GPUs out of backfill, and moves the
 reservation to the nodes being freed; while a moved job checkpoints, later cycles keep free
 GPUs for it, and once requeued it restarts right after the holder (:func:`was_moved`).
+
+Registered as the ``move`` evictor; its setting (``policy_settings: {move: {...}}``):
+``defrag_min_gain_s`` (600), the ``min_gain_s`` above.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 
-from broker.model import Job
-from broker.state import JobState
+from broker.model import Allocation, Job, Reason
+from broker.plan import Preempt
+from broker.state import EvictionKind, JobState
+from policies import evict as E
+from policies.cycle import Cycle
 from policies.placement import FreeIndex, Kind
 from policies.preemption import Victim, take_until_fits
+from policies.registry import register
 
-MOVED = "moved to make whole nodes for"  # how a move's preemption reason starts
+MOVE_DEFAULTS = {"defrag_min_gain_s": 600.0}
 
 
 def was_moved(job: Job) -> bool:
     """Was the job's last stop a move by defragmentation?"""
     for h in reversed(job.history):
         if h.state is JobState.STOPPING:
-            return h.reason.startswith(MOVED)
+            return h.kind is EvictionKind.MOVE
     return False
+
+
+@register("evict", "move", settings=MOVE_DEFAULTS)
+class Move(E.Evictor):
+    """Defragmentation moves for the reservation holder (see the module docstring)."""
+
+    def before_place(self, cycle: Cycle) -> None:
+        """Jobs being moved restart on free GPUs once they have checkpointed: keep free GPUs
+        for them meanwhile (off the reserved nodes), so that backfill does not take them."""
+        stopping, requeued = JobState.STOPPING, JobState.PREEMPTED  # (not if since cancelled)
+        moving = [j for j in cycle.snap.active if j.state is stopping
+                  and j.stop_target is requeued and was_moved(j)]
+        if not moving:
+            return
+        sh = cycle.snap.reservation
+        off = set(sh.node_ids) if sh is not None else set()
+        index = cycle.index
+        only = {nid for nid in index.nodes if nid not in off}
+        for j in sorted(moving, key=lambda j: (-j.res.gpus, j.id)):
+            allocs = index.find(j.res, j.spec.sites, only=only)
+            if allocs is not None:
+                index.take(allocs, j.res)
+
+    def head_blocked(self, cycle: Cycle, job: Job) -> None:
+        """Plan the moves for the reservation holder before backfill takes the free GPUs
+        they would land on, and keep those GPUs free for them."""
+        planned = _plan(cycle, job)
+        if not planned:
+            return
+        index = cycle.index
+        for v, nid, kind in planned:
+            devs = index.nodes[nid].devices.get(kind, [])
+            if len(devs) >= v.job.res.gpus:  # (not if it lands on GPUs being freed)
+                index.take((Allocation(nid, tuple(g.id for g in devs[: v.job.res.gpus]), 0),),
+                           v.job.res)
+        moved = [v for v, _, _ in planned]
+        for v in moved:  # they free their GPUs within the grace period: reserve those
+            cycle.ends[v.job.id] = cycle.now + cycle.snap.grace_s
+        cycle.shadow = cycle.reserve(job) or cycle.shadow
+        cycle.notes["moves"] = (job, moved)
+
+    def evict(self, cycle: Cycle) -> list[Preempt]:
+        """The moves planned at the head, unless an earlier evictor is making room already."""
+        planned = cycle.notes.get("moves")
+        if planned is None or cycle.evictions:
+            return []
+        holder, moved = planned
+        ids = ", ".join(v.job.id for v in moved)
+        cycle.pending[holder.id] = Reason(
+            "Resources", f"first in line; moving {len(moved)} job(s) to free GPUs on other "
+                         f"nodes to make whole nodes for it: {ids}")
+        return [Preempt(v.job.id, v.job.attempt, f"moved to make whole nodes for {holder.id}: "
+                        "restarts from its checkpoint on free GPUs elsewhere",
+                        cycle.snap.grace_s, EvictionKind.MOVE)
+                for v in moved]
+
+
+def _plan(cycle: Cycle, holder: Job) -> list[Landing] | None:
+    """Which small checkpointable jobs to move off the nodes the holder needs, and onto which
+    free GPUs, when its reservation is far off (the rule in the module docstring)."""
+    sh, snap, now, index = cycle.shadow, cycle.snap, cycle.now, cycle.index
+    gain = float(cycle.settings("move")["defrag_min_gain_s"])
+    if sh is None or sh.reservation.start_at - now < gain:
+        return None
+    # moved jobs land on free GPUs, so at least the holder's count must be free somewhere
+    if index.free_devices < holder.res.total_gpus:
+        return None
+    soon = E.soon_free(cycle)
+    if E.fits(cycle, holder, soon):  # room is already being made for it
+        return None
+    pool = [j for j in snap.active
+            if j.state is JobState.RUNNING and j.priority in cycle.preemptible
+            and j.spec.checkpoint_dir is not None and j.res.nodes == 1
+            and j.res.mig_profile is None and j.started_at is not None
+            and now - j.started_at >= snap.min_runtime_s
+            and cycle.end_of(j) - now >= gain]
+    # only nodes where the holder could fit once their movable jobs left (the same test
+    # plan_landings makes per device kind; this one, on all kinds, is a cheap superset)
+    need = holder.res.gpus
+    on_node: dict[str, int] = defaultdict(int)
+    for j in pool:
+        on_node[j.allocations[0].node_id] += j.res.gpus
+    pool = [j for j in pool if on_node[j.allocations[0].node_id]
+            + sum(soon[j.allocations[0].node_id].values()) >= need]
+    if not pool:
+        return None
+    return plan_landings(holder, index, soon, E.victims(cycle, pool))
 
 
 Landing = tuple[Victim, str, Kind]  # a moved job, the node and the device kind it restarts on
@@ -128,4 +223,4 @@ def _lands(moved: list[Victim], index: FreeIndex, soon_free: Mapping[str, Mappin
     return out
 
 
-__all__ = ["MOVED", "Landing", "plan_landings", "plan_moves", "was_moved"]
+__all__ = ["Landing", "Move", "plan_landings", "plan_moves", "was_moved"]

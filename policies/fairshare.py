@@ -14,8 +14,6 @@ from collections import defaultdict
 
 from broker.plan import Snapshot
 
-_MEMO = "_fairshare_factors"
-
 
 def team_usage(snapshot: Snapshot) -> dict[str, float]:
     """Decayed GPU-seconds per team, running jobs included."""
@@ -28,11 +26,8 @@ def team_usage(snapshot: Snapshot) -> dict[str, float]:
 
 
 def fairshare_factors(snapshot: Snapshot) -> dict[str, float]:
-    """Team -> F in (0, 1]; teams seen in the config, the queue or the running jobs. Computed
-    once per snapshot (the order and the cycle's reasons both ask): read it, do not change it."""
-    memo: dict[str, float] | None = snapshot.__dict__.get(_MEMO)
-    if memo is not None:
-        return memo
+    """Team -> F in (0, 1]; teams seen in the config, the queue or the running jobs (a cycle
+    computes it once: ``Cycle.fairshare``)."""
     usage = team_usage(snapshot)
     teams = {t.name for t in snapshot.teams} | set(usage)
     teams.update(j.team for j in snapshot.pending)
@@ -45,7 +40,6 @@ def fairshare_factors(snapshot: Snapshot) -> dict[str, float]:
         u = usage.get(t, 0.0) / total_u if total_u > 0 else 0.0
         s = weights[t] / total_w
         out[t] = 2.0 ** (-u / s)
-    snapshot.__dict__[_MEMO] = out  # (a frozen dataclass: stored the way cached_property does)
     return out
 
 

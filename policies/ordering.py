@@ -8,12 +8,13 @@ puts the classes that may preempt first and lets the others share one queue (see
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from broker.model import BY_AGE, Job
 from broker.plan import Snapshot
-from policies.fairshare import fairshare_factors, gpus_in_use
+from policies.cycle import Cycle
+from policies.fairshare import gpus_in_use
 from policies.predictor import RuntimePredictor
 from policies.registry import register
 from policies.relief import resumes_first
@@ -24,17 +25,20 @@ def _ranks(snapshot: Snapshot) -> dict[str, int]:
 
 
 @register("order", "priority-fifo")
-def priority_fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
+def priority_fifo(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     """Higher class rank first, then earlier submission, then job id (deterministic)."""
-    rank = _ranks(snapshot)
+    rank = _ranks(cycle.snap)
     return sorted(jobs, key=lambda j: (rank.get(j.priority, 0), j.submitted_at, j.id))
 
 
 @register("order", "fifo")
-def fifo(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
+def fifo(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     """Strict submission order, whatever the class (the ``fcfs`` baseline)."""
-    del snapshot
+    del cycle
     return sorted(jobs, key=BY_AGE)
+
+
+fifo.arrivals_last = True  # type: ignore[attr-defined]  # an arrival always goes last
 
 
 # Slurm's multifactor plugin with the weights of its documented configuration example
@@ -46,7 +50,7 @@ SLURM_DEFAULTS = {"weight_age": 1000.0, "max_age_s": 14 * 86400.0, "weight_fairs
 
 
 def multifactor_priority(snapshot: Snapshot, job: Job, fs: dict[str, float],
-                         cluster_gpus: int, s: dict[str, float]) -> float:
+                         cluster_gpus: int, s: Mapping[str, float]) -> float:
     age = min(1.0, max(0.0, snapshot.now - job.submitted_at) / s["max_age_s"])
     size = min(1.0, job.res.total_gpus / max(1, cluster_gpus))
     return (s["weight_age"] * age + s["weight_fairshare"] * fs.get(job.team, 1.0)
@@ -57,13 +61,15 @@ def cluster_gpus(snapshot: Snapshot) -> int:
     return sum(1 for n in snapshot.nodes for g in n.allocatable if g.mig_profile is None) or 1
 
 
-@register("order", "multifactor")
-def multifactor(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
-    """Slurm-like: class (tier) first, then the multifactor priority, then submit time."""
+@register("order", "multifactor", settings=SLURM_DEFAULTS)
+def multifactor(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
+    """Slurm-like: class (tier) first, then the multifactor priority, then submit time.
+    Settings (``policy_settings: {multifactor: {...}}``): :data:`SLURM_DEFAULTS`."""
+    snapshot = cycle.snap
     rank = _ranks(snapshot)
-    fs = fairshare_factors(snapshot)
+    fs = cycle.notes["fairshare"] = cycle.fairshare  # (the reasons say FairShare from it)
     total = cluster_gpus(snapshot)
-    s = {**SLURM_DEFAULTS, **snapshot.settings.get("slurm", {})}
+    s = cycle.settings("multifactor")
     return sorted(jobs, key=lambda j: (rank.get(j.priority, 0),
                                        -multifactor_priority(snapshot, j, fs, total, s),
                                        j.submitted_at, j.id))
@@ -82,11 +88,6 @@ SPILLWAY_DEFAULTS: dict[str, Any] = {
     "starve_after_s": 0.0,  # > 0: a job waiting longer is served oldest first (0: off; the
     # score grows without bound while a job waits, so no job starves without it)
     "class_weight": {},  # score weight per class in the shared tier (default 1)
-    "backfill_relax": 0.0,  # a backfilled job may delay the reservation by this x its wait
-    "relief_slowdown": 20.0,  # > 0: a reservation holder spared at least this slowdown ...
-    "relief_ratio": 10.0,  # ... and this x the victims' may evict them (policies/relief.py)
-    "defrag_min_gain_s": 600.0,  # move jobs for the reservation holder only if its start is
-    # at least this far off (read by the cycle's defragmentation phase, policies/defrag.py)
 }
 
 
@@ -103,8 +104,8 @@ def entitled_gpus(snapshot: Snapshot) -> tuple[dict[str, float], dict[str, int]]
     return {t: gpus * w / total for t, w in weight.items()}, used
 
 
-@register("order", "spillway")
-def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
+@register("order", "spillway", settings=SPILLWAY_DEFAULTS)
+def spillway(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     """Spillway's order, from first to last deciding key:
 
     1. the classes that may preempt (urgent by definition: minutes of SLA), highest rank first;
@@ -124,12 +125,15 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
        smallest jobs go first, and every job's priority keeps rising while it waits (with
        ``starve_after_s`` set, a job that waited that long goes ahead of its tier, oldest
        first);
-    5. submit time, then id."""
+    5. submit time, then id.
+
+    Settings (``policy_settings: {spillway: {...}}``): :data:`SPILLWAY_DEFAULTS`."""
+    snapshot = cycle.snap
     urgent = {c.name: -c.rank for c in snapshot.classes if c.may_preempt}
-    fs = fairshare_factors(snapshot)
+    fs = cycle.notes["fairshare"] = cycle.fairshare  # (the reasons say FairShare from it)
     pred = snapshot.predictor
     holder = snapshot.reservation.job_id if snapshot.reservation else None
-    s = {**SPILLWAY_DEFAULTS, **snapshot.settings.get("spillway", {})}
+    s = cycle.settings("spillway")
     share, used = entitled_gpus(snapshot) if s["share_tier"] else ({}, {})
     fs_tier, share_tier = s["fairshare_tier"], s["share_tier"]
     owed = {t for t, f in fs.items()
@@ -146,14 +150,14 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
     version = getattr(pred, "version", None)  # a predictor that says when it changes
     epoch = (version, q, floor, rexp, sexp, tuple(sorted(cw.items()))) \
         if version is not None else None
-    # job id -> (epoch, rate), kept on the predictor it was computed from; the epoch changes
-    # when the predictor's version does. Not a pure cache: a rate keeps the estimate its job
+    # job id -> (epoch, rate), kept across cycles in the scheduler's Memory (one per predictor:
+    # a scheduler process or a simulation); the epoch changes when the predictor's version
+    # does. Not a pure cache: a rate keeps the estimate its job
     # had when first asked in the epoch, while the predictor refreshes each job's memo 32
     # runtimes after that job's own first ask, so dropping the cache can change the order
     # slightly (keying the predictor's memos on the version too would make it pure; measured on
     # 2026-12-04, it was no faster and moved the README's mean-wait ratios by up to 0.05)
-    cache: dict[str, tuple[object, float]] | None = getattr(pred, "order_cache", None)
-    memo = {} if cache is None else cache
+    memo = cycle.memory.order_rates if epoch is not None else {}
 
     def median(j: Job) -> float:
         """The job's runtime estimate: the predictor's median, or its time limit."""
@@ -190,9 +194,9 @@ def spillway(snapshot: Snapshot, jobs: Sequence[Job]) -> list[Job]:
 
 
 @register("admit", "admit-all")
-def admit_all(snapshot: Snapshot, job: Job) -> str | None:
+def admit_all(cycle: Cycle, job: Job) -> str | None:
     """Admission seam (quotas, budgets): return a refusal reason code, or None to admit."""
-    del snapshot, job
+    del cycle, job
     return None
 
 

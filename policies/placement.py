@@ -10,38 +10,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from broker.gpus import type_matches
 from broker.model import Allocation, Gpu, Job, Node, NodeState, Resources
+from broker.model.fit import Kind, kind_of, wanted_kinds
+from broker.speed import speed_of
 from policies.registry import register
-from policies.speed import speed_of
 
-Kind = tuple[str, "str | None"]  # (GPU model, MIG profile or None for a whole GPU)
-
-
-def kind_of(gpu: Gpu) -> Kind:
-    return (gpu.model, gpu.mig_profile)
-
-
-def wanted_kinds(res: Resources, kinds: Iterable[Kind]) -> list[Kind]:
-    """The device kinds that satisfy a request, among those the cluster has."""
-    out = []
-    for model, mig in kinds:
-        if mig != res.mig_profile:
-            continue
-        if res.gpu_types and not any(type_matches(model, t) for t in res.gpu_types):
-            continue
-        if mig is None and res.min_gpu_memory_gb and _mem(model) < res.min_gpu_memory_gb:
-            continue
-        out.append((model, mig))
-    return sorted(out)
-
-
-def _mem(model: str) -> float:
-    from broker.gpus import memory_of
-
-    return float(memory_of(model))
-
+if TYPE_CHECKING:
+    from policies.cycle import Cycle
 
 @dataclass
 class _NodeFree:
@@ -60,13 +37,12 @@ class _Layout:
     devices: dict[Kind, tuple[Gpu, ...]]
 
 
-_LAYOUTS: dict[str, _Layout] = {}  # node id -> its layout, while the node object is the same
-
-
-def _layout(node: Node) -> _Layout:
-    cached = _LAYOUTS.get(node.id)
+def _layout(node: Node, layouts: dict[str, Any]) -> _Layout:
+    """``node``'s layout, from ``layouts`` (node id -> layout; a cache kept across cycles,
+    policies/cycle.py ``Memory``) while the node object is the same."""
+    cached = layouts.get(node.id)
     if cached is not None and cached.node is node:
-        return cached
+        return cached  # type: ignore[no-any-return]
     kinds: dict[str, Kind] = {}
     per_kind: dict[Kind, list[Gpu]] = defaultdict(list)
     for gpu in node.allocatable:
@@ -74,9 +50,9 @@ def _layout(node: Node) -> _Layout:
         per_kind[kind].append(gpu)
     layout = _Layout(node, kinds, {k: tuple(sorted(v, key=lambda g: g.index))
                                    for k, v in per_kind.items()})
-    if len(_LAYOUTS) > 100_000:
-        _LAYOUTS.clear()
-    _LAYOUTS[node.id] = layout
+    if len(layouts) > 100_000:
+        layouts.clear()
+    layouts[node.id] = layout
     return layout
 
 
@@ -85,8 +61,10 @@ class FreeIndex:
 
     def __init__(self, nodes: Iterable[Node],
                  allocated: Mapping[str, Mapping[str, str]] | None = None,
-                 used_cpu_mem: dict[str, tuple[float, float]] | None = None) -> None:
+                 used_cpu_mem: dict[str, tuple[float, float]] | None = None,
+                 layouts: dict[str, Any] | None = None) -> None:
         allocated = allocated or {}
+        layouts = {} if layouts is None else layouts
         used_cpu_mem = used_cpu_mem or {}
         self.nodes: dict[str, _NodeFree] = {}
         self.feasible_memo: dict[tuple[object, ...], bool] = {}  # keyed by Resources.key
@@ -100,7 +78,7 @@ class FreeIndex:
         self.uniform: dict[str, Kind] = {}  # node -> its one device kind, if it has one
         for node in nodes:
             held = allocated.get(node.id, {})
-            layout = _layout(node)
+            layout = _layout(node, layouts)
             self.kinds_by_gpu[node.id] = layout.kinds  # shared, read-only
             if len(layout.devices) == 1:
                 self.uniform[node.id] = next(iter(layout.devices))
@@ -254,19 +232,48 @@ class FreeIndex:
                     bucket[len(devs)][a.node_id] = None
 
 
+class Placer:
+    """The place role: where a job starts on free capacity.
+
+    ``prepare`` runs once as the cycle starts; ``place`` finds GPUs for a job expected to end
+    at ``end`` (or None); ``packs_around_reservation``: a job that ends before the reservation
+    starts goes first into the reserved nodes' idle GPUs (policies/queue.py)."""
+
+    packs_around_reservation = False
+
+    def prepare(self, cycle: Cycle) -> None:
+        del cycle
+
+    def place(self, cycle: Cycle, job: Job, end: float) -> tuple[Allocation, ...] | None:
+        raise NotImplementedError
+
+
 @register("place", "best-fit")
-def best_fit(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = None,
-             end: float = 0.0) -> tuple[Allocation, ...] | None:
+class BestFit(Placer):
     """Place all of a job's GPUs on one node (or on ``nodes`` nodes at once, a gang), on the
     nodes left with the fewest free devices."""
-    del horizon, end
-    return index.find(job.res, job.spec.sites)
+
+    def place(self, cycle: Cycle, job: Job, end: float) -> tuple[Allocation, ...] | None:
+        return cycle.index.find(job.res, job.spec.sites)
 
 
 @register("place", "aligned")
-def aligned(index: FreeIndex, job: Job, horizon: Mapping[str, float] | None = None,
-            end: float = 0.0) -> tuple[Allocation, ...] | None:
-    """Where the job finishes soonest: the fastest allowed GPU model with room (the speed table,
-    policies/speed.py), then, among its tightest nodes, the node whose busy horizon the job
-    extends least (end-aligned packing)."""
-    return index.find(job.res, job.spec.sites, horizon=horizon or {}, end=end)
+class Aligned(Placer):
+    """Where the job finishes soonest: the fastest allowed GPU model with room (the speed
+    table, broker/speed.py), then, among its tightest nodes, the node whose busy horizon the
+    job extends least (end-aligned packing); jobs that end before the reservation pack into
+    the reserved nodes first."""
+
+    packs_around_reservation = True
+
+    def prepare(self, cycle: Cycle) -> None:
+        horizon: dict[str, float] = {}
+        now = cycle.now
+        for j in cycle.snap.active:
+            end = cycle.end_of(j)
+            for a in j.allocations:
+                horizon[a.node_id] = max(horizon.get(a.node_id, now), end)
+        cycle.horizon = horizon
+
+    def place(self, cycle: Cycle, job: Job, end: float) -> tuple[Allocation, ...] | None:
+        return cycle.index.find(job.res, job.spec.sites, horizon=cycle.horizon or {}, end=end)

@@ -18,9 +18,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from broker.model import Job
+from broker.plan import Snapshot
+from policies.registry import register
 
 Key = tuple[Hashable, ...]
 
@@ -44,8 +46,6 @@ class RuntimePredictor:
         self.observed = 0
         # quantile -> job id -> (observed then, estimate)
         self._memos: dict[float | None, dict[str, tuple[int, float]]] = {}
-        # per-job values an order policy derives from the estimates (policies/ordering.py)
-        self.order_cache: dict[str, tuple[object, float]] = {}
 
     REFRESH = 32  # a job's estimate is recomputed after this many new observations
 
@@ -118,3 +118,21 @@ def expected_end(job: Job, estimate: float, now: float) -> float:
     if limit:
         return max(now, min(now + extra, start + limit))
     return now + extra
+
+
+def _time_limit(job: Job) -> float:
+    return job.spec.time_limit or math.inf
+
+
+@register("estimate", "limit")
+def by_limit(snapshot: Snapshot) -> Callable[[Job], float]:
+    """A job runs as long as its time limit (inf: it has none), as Slurm's backfill assumes."""
+    del snapshot
+    return _time_limit
+
+
+@register("estimate", "predictor")
+def by_predictor(snapshot: Snapshot) -> Callable[[Job], float]:
+    """The runtime predictor's estimate (the snapshot carries it), else the time limit."""
+    pred = snapshot.predictor
+    return pred.estimate if pred is not None else _time_limit

@@ -1,30 +1,78 @@
-"""Policy registry: each role has one signature; configuration picks an implementation by name."""
+"""Policy registry: every decision of the cycle is a role; configuration picks the policy that
+plays it by name, and no policy name is compared anywhere else.
+
+Roles and their one signature each (``cycle`` is the cycle in progress, :class:`policies.cycle.
+Cycle`; a policy reads the snapshot through it and writes only through it):
+
+===========  ==========================================================================
+order        ``fn(cycle, jobs) -> list[Job]``: the pending queue, first to last
+admit        ``fn(cycle, job) -> str | None``: a refusal reason code, or None to admit
+place        a :class:`policies.placement.Placer`: where a job starts on free GPUs
+reserve      a :class:`policies.backfill.Reserver`: what the first blocked job gets
+             (EASY's reservation, or strict order) and how later jobs may pass it
+evict        a list of :class:`policies.evict.Evictor`: class preemption and quota reclaim,
+             scavenger eviction, defragmentation moves, relief, in the configured order
+burst        ``fn(cycle) -> None``: rent cloud capacity (``none`` today)
+defer        ``fn(cycle) -> None``: hold deferrable work for a better window (``none`` today)
+estimate     ``fn(snapshot) -> Callable[[Job], float]``: a job's expected runtime
+===========  ==========================================================================
+
+A policy declares its settings and their defaults where it registers
+(``register(role, name, settings={...})``); a configuration's ``policy_settings`` (or a cluster
+file's ``settings``) holds them under the policy's name, and :mod:`policies.settings` checks
+them against the declarations.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F")
 
-ROLES = ("order", "admit", "place")
-_REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {role: {} for role in ROLES}
+ROLES = ("order", "admit", "place", "reserve", "evict", "burst", "defer", "estimate")
+_REGISTRY: dict[str, dict[str, Any]] = {role: {} for role in ROLES}
+_SETTINGS: dict[str, Mapping[str, Any]] = {}  # policy name -> its settings' defaults
 
 
-def register(role: str, name: str) -> Callable[[F], F]:
-    """Decorator: make ``fn`` selectable as ``name`` for ``role``."""
+def register(role: str, name: str, settings: Mapping[str, Any] | None = None
+             ) -> Callable[[F], F]:
+    """Decorator: make ``obj`` (a function, or a class instantiated once) selectable as
+    ``name`` for ``role``, with ``settings`` (name -> default) read from the configuration
+    under ``name``."""
     if role not in _REGISTRY:
         raise ValueError(f"unknown policy role {role!r}; roles: {', '.join(ROLES)}")
 
-    def deco(fn: F) -> F:
-        _REGISTRY[role][name] = fn
-        return fn
+    def deco(obj: F) -> F:
+        _REGISTRY[role][name] = obj() if isinstance(obj, type) else obj
+        if settings:
+            other = _SETTINGS.get(name)
+            if other is not None and dict(other) != dict(settings):
+                raise ValueError(f"policy name {name!r} declares two sets of settings")
+            _SETTINGS[name] = MappingProxyType(dict(settings))
+        return obj
 
     return deco
 
 
-def lookup(role: str, name: str) -> Callable[..., Any]:
+def _load_builtins() -> None:
+    """Import the modules that register the built-in policies (late: they import this one)."""
+    import policies.backfill
+    import policies.defrag
+    import policies.ordering
+    import policies.placement
+    import policies.predictor
+    import policies.priority
+    import policies.queue
+    import policies.relief
+    import policies.scavenge  # noqa: F401
+
+
+def lookup(role: str, name: str) -> Any:
+    if not _REGISTRY["order"]:
+        _load_builtins()
     try:
         return _REGISTRY[role][name]
     except KeyError:
@@ -32,50 +80,68 @@ def lookup(role: str, name: str) -> Callable[..., Any]:
         raise ValueError(f"no {role} policy named {name!r}; registered: {known}") from None
 
 
-BACKFILL = ("none", "easy")
-PREEMPT = ("none", "priority")
-ESTIMATE = ("limit", "predictor")
+def registered(role: str) -> tuple[str, ...]:
+    """The names registered for ``role``."""
+    if not _REGISTRY["order"]:
+        _load_builtins()
+    return tuple(sorted(_REGISTRY[role]))
+
+
+def declared_settings() -> dict[str, Mapping[str, Any]]:
+    """Policy name -> its settings' defaults, for every registered policy that has settings."""
+    if not _REGISTRY["order"]:
+        _load_builtins()
+    return dict(_SETTINGS)
+
+
+def settings_of(all_settings: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A policy's settings: its declared defaults, overridden by the configuration's."""
+    return {**_SETTINGS.get(name, {}), **all_settings.get(name, {})}
 
 
 @dataclass(frozen=True)
 class PolicySet:
-    """One implementation per role, by name, and how the cycle backfills and preempts.
+    """One policy per role, by name (``evict``: a list, applied in order), and a bundle name.
 
-    ``backfill``: ``none`` (a blocked job blocks every later one: strict order) or ``easy``
-    (the top blocked job gets a reservation; later jobs start only if they do not delay it).
-    ``preempt``: ``none`` or ``priority`` (a class that may preempt evicts lower-ranked
-    preemptible jobs; a team below its guaranteed quota reclaims it from borrowers).
-    ``estimate``: runtimes for backfill come from the time ``limit`` or the ``predictor``.
-    ``scavenge``: a job that would outlive the reservation may still use the reserved GPUs if
-    it is preemptible and checkpoints; it is evicted (SIGTERM, grace, requeue) when the
-    reservation is due, so the reservation holds and its GPUs do not sit idle while it drains.
-    ``defrag``: when the reservation is far off but enough GPUs are free on other nodes, move
-    small checkpointable jobs there (checkpoint, restart) to make whole nodes for it now
-    (policies/defrag.py).
-    ``relief``: when the head's reservation is so far off that its wait would be many times its
-    runtime, let it evict long checkpointable jobs whose slowdown suffers far less
-    (policies/relief.py).
+    ``reserve``: ``strict`` (the first blocked job blocks every later one: strict order) or
+    ``easy`` (EASY backfill: the first blocked job gets a reservation; later jobs start only if
+    they do not delay it). ``evict``: any of ``scavenge`` (let checkpointable preemptible jobs
+    use a reservation's idle GPUs, evicted when it is due), ``priority`` (class preemption and
+    quota reclaim), ``move`` (defragmentation: move small checkpointable jobs to make whole
+    nodes for the reservation holder) and ``relief`` (a starved short holder evicts long
+    checkpointable jobs). ``estimate``: runtimes from the time ``limit`` or the ``predictor``.
     """
 
     order: str = "priority-fifo"
     admit: str = "admit-all"
     place: str = "best-fit"
-    backfill: str = "easy"
-    preempt: str = "priority"
+    reserve: str = "easy"
+    evict: tuple[str, ...] = ("priority",)
+    burst: str = "none"
+    defer: str = "none"
     estimate: str = "limit"
-    scavenge: bool = False  # let checkpointable preemptible jobs into a reservation's GPUs
-    defrag: bool = False  # move small checkpointable jobs to make whole nodes for the head
-    relief: bool = False  # a starved short head may evict long checkpointable jobs
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for field_, allowed in (("backfill", BACKFILL), ("preempt", PREEMPT),
-                                ("estimate", ESTIMATE)):
-            if getattr(self, field_) not in allowed:
-                raise ValueError(f"policy {field_} {getattr(self, field_)!r}: "
-                                 f"allowed {', '.join(allowed)}")
+        if isinstance(self.evict, str):
+            object.__setattr__(self, "evict", (self.evict,) if self.evict else ())
+        object.__setattr__(self, "evict", tuple(self.evict))
 
-    def resolve(self, role: str) -> Callable[..., Any]:
+    def check(self) -> PolicySet:
+        """Itself, or ValueError naming the first policy that is not registered."""
+        for role in ROLES:
+            for name in self.names(role):
+                lookup(role, name)
+        return self
+
+    def names(self, role: str) -> tuple[str, ...]:
+        value = getattr(self, role)
+        return tuple(value) if isinstance(value, tuple) else (value,)
+
+    def resolve(self, role: str) -> Any:
+        """The policy playing ``role`` (for ``evict``: the list of evictors, in order)."""
+        if role == "evict":
+            return tuple(lookup(role, n) for n in self.evict)
         return lookup(role, getattr(self, role))
 
     @classmethod
@@ -86,16 +152,39 @@ class PolicySet:
             raise ValueError(f"no policy named {name!r}; known: {', '.join(sorted(BUNDLES))}"
                              ) from None
 
+    @classmethod
+    def from_mapping(cls, name: str, raw: Mapping[str, Any]) -> PolicySet:
+        """A bundle built in a configuration or cluster file: ``{order: spillway, evict:
+        [priority, relief], ...}``; roles not given take the defaults above."""
+        unknown = sorted(set(raw) - set(ROLES))
+        if unknown:
+            raise ValueError(f"policy {name!r}: {unknown[0]!r} is not a role; allowed: "
+                             f"{', '.join(ROLES)}")
+        kw: dict[str, Any] = {}
+        for role, value in raw.items():
+            if role == "evict":
+                if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                    raise ValueError(f"policy {name!r}: evict must be a list of names, e.g. "
+                                     f"[priority, relief]; registered: "
+                                     f"{', '.join(registered('evict'))}")
+                kw[role] = tuple(str(v) for v in value)
+            elif not isinstance(value, str):
+                raise ValueError(f"policy {name!r}: {role} must be a name; registered: "
+                                 f"{', '.join(registered(role))}")
+            else:
+                kw[role] = value
+        return cls(name=name, **kw).check()
+
 
 BUNDLES: dict[str, PolicySet] = {
     # strict first come, first served: no classes, no backfill, no preemption
-    "fcfs": PolicySet(order="fifo", backfill="none", preempt="none", name="fcfs"),
+    "fcfs": PolicySet(order="fifo", reserve="strict", evict=(), name="fcfs"),
     # Slurm's multifactor priority (age, fair share, size) + EASY backfill on the user limits
-    "slurm-like": PolicySet(order="multifactor", backfill="easy", preempt="none",
-                            estimate="limit", name="slurm-like"),
+    "slurm-like": PolicySet(order="multifactor", reserve="easy", evict=(), estimate="limit",
+                            name="slurm-like"),
     # expected-slowdown order with fair share, held reservations, predicted runtimes,
-    # class preemption and quota reclaim, scavenging and defragmentation
-    "spillway": PolicySet(order="spillway", place="aligned", backfill="easy",
-                          preempt="priority", estimate="predictor", scavenge=True,
-                          defrag=True, relief=True, name="spillway"),
+    # scavenging, class preemption and quota reclaim, defragmentation and relief
+    "spillway": PolicySet(order="spillway", place="aligned", reserve="easy",
+                          evict=("scavenge", "priority", "move", "relief"),
+                          estimate="predictor", name="spillway"),
 }

@@ -26,30 +26,36 @@ preemption. Spillway makes it only where the trade is lopsided, by a documented 
   with ``r`` its own runtime estimate; the eviction happens only if the gain is at least
   ``relief_ratio`` times the victims' summed cost;
 - a victim is evicted like any preempted job (SIGTERM, grace to checkpoint, requeue with its
-  attempt raised and ``SPILLWAY_RESUME=1``), with a reason that starts with :data:`YIELDED`, and
-  it goes back to the front of the queue, right after the reservation holder (as jobs moved by
+  attempt raised and ``SPILLWAY_RESUME=1``), with the eviction kind ``relief``, and it goes
+  back to the front of the queue, right after the reservation holder (as jobs moved by
   defragmentation do), so it restarts as soon as GPUs free up: usually on the same GPUs, when
   the holder ends.
 
 The test is deterministic and knows nothing of sites: it holds on cloud nodes as on-prem.
+
+Registered as the ``relief`` evictor; it acts only when no evictor before it in the list
+evicted anything this cycle. Its settings (``policy_settings: {relief: {...}}``):
+``relief_slowdown`` (20; 0 turns it off), ``relief_ratio`` (10), ``min_gain_s`` (600: the
+reservation's minimum distance, and the least a victim must still have to run) and
+``min_estimate_s`` (60: the floor of every runtime estimate in the test).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from broker.model import Job
-from broker.state import JobState
-from policies.defrag import MOVED
+from broker.model import Job, Reason
+from broker.plan import Preempt
+from broker.state import RESUMES_FIRST, EvictionKind, JobState
+from policies import evict as E
+from policies.cycle import Cycle
+from policies.preemption import choose
+from policies.reasons import dur
+from policies.registry import register
 
-YIELDED = "yielded to"  # how a relief eviction's reason starts
-
-
-def _last_stop_reason(job: Job) -> str | None:
-    for h in reversed(job.history):
-        if h.state is JobState.STOPPING:
-            return h.reason
-    return None
+RELIEF_DEFAULTS = {"relief_slowdown": 20.0, "relief_ratio": 10.0, "min_gain_s": 600.0,
+                   "min_estimate_s": 60.0}
 
 
 def resumes_first(job: Job) -> bool:
@@ -57,8 +63,10 @@ def resumes_first(job: Job) -> bool:
     GPUs only for another job's sake, and it goes back to the front of the queue."""
     if job.attempt <= 1:
         return False
-    why = _last_stop_reason(job)
-    return why is not None and (why.startswith(MOVED) or why.startswith(YIELDED))
+    for h in reversed(job.history):
+        if h.state is JobState.STOPPING:
+            return h.kind in RESUMES_FIRST
+    return False
 
 
 def gain(start_at: float, now: float, grace_s: float, estimate_s: float) -> float:
@@ -78,4 +86,65 @@ def worth_it(gain_: float, cost_: float, min_slowdown: float, ratio: float) -> b
     return gain_ >= min_slowdown and gain_ >= ratio * cost_
 
 
-__all__ = ["YIELDED", "cost", "gain", "resumes_first", "worth_it"]
+@register("evict", "relief", settings=RELIEF_DEFAULTS)
+class Relief(E.Evictor):
+    """The reservation holder, a short job starved far past its runtime, evicts long
+    checkpointable jobs when it gains many times what they lose (the module docstring)."""
+
+    acts_on_arrival = True
+
+    def evict(self, cycle: Cycle) -> list[Preempt]:
+        sh, snap, now = cycle.shadow, cycle.snap, cycle.now
+        if sh is None or cycle.evictions:
+            return []
+        s = cycle.settings("relief")
+        min_sd, ratio = float(s["relief_slowdown"]), float(s["relief_ratio"])
+        floor, far = float(s["min_estimate_s"]), float(s["min_gain_s"])
+        start = sh.reservation.start_at
+        if min_sd <= 0 or start - now < far:
+            return []
+        holder = E.holder(cycle)
+        if holder is None:
+            return []
+        est = max(floor, min(cycle.estimate(holder), 1e9))
+        spared = gain(start, now, snap.grace_s, est)
+        if spared < min_sd:
+            return []
+        soon = E.soon_free(cycle)
+        if E.fits(cycle, holder, soon):  # room is already being made for it
+            return []
+        pool: list[Job] = []
+        young: list[Job] = []
+        for j in snap.active:
+            if (j.state is JobState.RUNNING and j.priority in cycle.preemptible
+                    and j.spec.checkpoint_dir is not None and j.started_at is not None
+                    and cycle.end_of(j) - now >= far):
+                (pool if now - j.started_at >= snap.min_runtime_s else young).append(j)
+        chosen = choose(holder, cycle.index, soon, E.victims(cycle, pool),
+                        lambda v: True) if pool else None
+        if not chosen:
+            # jobs too young to evict now may make room later: say when (the holder's gain
+            # only shrinks meanwhile, so not past the time it falls below the threshold)
+            last = start - snap.grace_s - min_sd * est
+            soonest = min((j.started_at + snap.min_runtime_s for j in young
+                           if j.started_at is not None), default=math.inf)
+            if soonest <= last:
+                cycle.wake_at = soonest
+            return []
+        lost = cost(est, snap.grace_s, (max(floor, min(cycle.estimate(v.job), 1e9))
+                                        for v in chosen))
+        if not worth_it(spared, lost, min_sd, ratio):
+            return []
+        ids = ", ".join(v.job.id for v in chosen)
+        cycle.pending[holder.id] = Reason(
+            "Resources", f"first in line; its reservation is {dur(start - now)} away, "
+                         f"{spared:.0f}x its expected runtime: evicting {len(chosen)} long "
+                         f"checkpointable job(s) that lose far less: {ids}")
+        return [Preempt(v.job.id, v.job.attempt,
+                        f"yielded to {holder.id}, which had waited {spared:.0f}x its "
+                        "runtime: restarts from its checkpoint ahead of the queue",
+                        snap.grace_s, EvictionKind.RELIEF)
+                for v in chosen]
+
+
+__all__ = ["Relief", "cost", "gain", "resumes_first", "worth_it"]

@@ -3,11 +3,13 @@
 
 ::
 
-    settings:
+    settings:                            # each under the name of the policy that reads it
       spillway: {fairshare_tier: 0.95, class_weight: {normal: 2, low: 1}}  # spillway's order
-                                           # and cycle (policies/ordering.py SPILLWAY_DEFAULTS)
-      slurm: {weight_fairshare: 10000}     # the multifactor order (SLURM_DEFAULTS)
-      slurm-like: {backfill_relax: 0.0}    # another bundle's cycle: backfill_relax only
+                                           # (policies/ordering.py SPILLWAY_DEFAULTS)
+      multifactor: {weight_fairshare: 10000}  # the slurm-like order (SLURM_DEFAULTS)
+      easy: {backfill_relax: 0.0}          # EASY backfill (policies/backfill.py)
+      move: {defrag_min_gain_s: 600}       # defragmentation moves (policies/defrag.py)
+      relief: {relief_slowdown: 20, relief_ratio: 10, min_gain_s: 600, min_estimate_s: 60}
       predictor_quantile: 0.9              # the runtime predictor's quantile for backfill
       fairshare_half_life_s: 604800        # a cluster file only: these three override the
       min_runtime_s: 600                   # configuration's values of the same names
@@ -20,31 +22,31 @@ misspelt knob would otherwise be ignored without a word.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from broker.config import is_number
+from broker.config import CLUSTER_CONFIG_KEYS, Config
 from broker.errors import ConfigError
+from policies.registry import declared_settings
 
 #: Configuration values a cluster file may override (the simulator applies them to its Config).
-CONFIG_KEYS = ("fairshare_half_life_s", "min_runtime_s", "grace_s")
-#: Settings read for any bundle, under the bundle's name (broker/scheduler.py).
-CYCLE_KEYS = ("backfill_relax",)
+CONFIG_KEYS = CLUSTER_CONFIG_KEYS
 #: Values that are a share in (0, 1].
 QUANTILES = ("order_quantile", "predictor_quantile")
 #: Values that must be above zero (they divide).
 POSITIVE = ("max_age_s", "min_estimate_s")
 
 
-def _sections() -> dict[str, Mapping[str, Any]]:
-    from policies.ordering import SLURM_DEFAULTS, SPILLWAY_DEFAULTS  # late: ordering imports
-    from policies.registry import BUNDLES  # the broker, which imports the config
+def is_number(value: Any) -> bool:
+    """A real number (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
-    out: dict[str, Mapping[str, Any]] = {name: {k: SPILLWAY_DEFAULTS[k] for k in CYCLE_KEYS}
-                                         for name in BUNDLES}
-    out["spillway"] = SPILLWAY_DEFAULTS
-    out["slurm"] = SLURM_DEFAULTS
-    return out
+
+def _sections() -> dict[str, Mapping[str, Any]]:
+    """Policy name -> the settings it declares, with their defaults (policies/registry.py)."""
+    return declared_settings()
 
 
 def _number(value: Any, where: str, *, share: bool = False, positive: bool = False) -> float:
@@ -99,3 +101,14 @@ def _check_value(key: str, value: Any, at: str, classes: tuple[str, ...]) -> Non
             _number(w, f"{at}.{name}")
     else:
         _number(value, at, share=key in QUANTILES, positive=key in POSITIVE)
+
+
+def check_config(cfg: Config, where: str = "config") -> Config:
+    """``cfg`` if its policy bundle is known and its ``policy_settings`` are settings of
+    registered policies, else :class:`ConfigError` naming the first thing wrong."""
+    from policies.registry import BUNDLES
+
+    if cfg.policy not in BUNDLES:
+        raise ConfigError(f"{where} policy: {cfg.policy!r} is not one of {sorted(BUNDLES)}")
+    check_settings(cfg.policy_settings, f"{where} policy_settings", classes=cfg.class_names)
+    return cfg

@@ -37,7 +37,9 @@ class Settings:
     @property
     def config(self) -> Config:
         if self._config is None:
-            self._config = load_config(self.config_path)
+            from policies.settings import check_config  # (the policy names and settings)
+
+            self._config = check_config(load_config(self.config_path))
         return self._config
 
     def url(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from broker.errors import InvalidTransition
 from broker.model.spec import JobSpec, Resources
-from broker.state import JobState, can_move
+from broker.state import EvictionKind, JobState, can_move
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class HistoryEntry:
     time: float
     reason: str
     attempt: int
+    kind: EvictionKind | None = None  # an eviction's kind, on the STOPPING entry it caused
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,9 @@ class Job:
             "submitted_at": self.submitted_at,
             "attempt": self.attempt,
             "version": self.version,
-            "history": [[h.state.value, h.time, h.reason, h.attempt] for h in self.history],
+            "history": [[h.state.value, h.time, h.reason, h.attempt]
+                        + ([h.kind.value] if h.kind is not None else [])
+                        for h in self.history],
             "allocations": [_alloc_dict(a) for a in self.allocations],
             "attempts": [
                 {
@@ -137,7 +140,9 @@ class Job:
             submitted_at=d["submitted_at"],
             attempt=d["attempt"],
             version=d["version"],
-            history=tuple(HistoryEntry(JobState(s), t, r, a) for s, t, r, a in d["history"]),
+            history=tuple(HistoryEntry(JobState(h[0]), h[1], h[2], h[3],
+                                       EvictionKind(h[4]) if len(h) > 4 else None)
+                          for h in d["history"]),
             allocations=tuple(_alloc(a) for a in d["allocations"]),
             attempts=tuple(
                 Attempt(a["number"], tuple(_alloc(x) for x in a["allocations"]),
@@ -152,11 +157,13 @@ class Job:
             finished_at=d["finished_at"],
         )
 
-    def with_state(self, new: JobState, now: float, reason: str, **changes: Any) -> Job:
-        """Move to ``new`` along a legal edge, recording history; raise InvalidTransition."""
+    def with_state(self, new: JobState, now: float, reason: str,
+                   kind: EvictionKind | None = None, **changes: Any) -> Job:
+        """Move to ``new`` along a legal edge, recording history (``kind``: the eviction that
+        caused it); raise InvalidTransition."""
         if not can_move(self.state, new):
             raise InvalidTransition(self.id, self.state.value, new.value)
-        entry = HistoryEntry(new, now, reason, changes.get("attempt", self.attempt))
+        entry = HistoryEntry(new, now, reason, changes.get("attempt", self.attempt), kind)
         return replace(self, state=new, history=(*self.history, entry), **changes)
 
 

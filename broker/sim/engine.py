@@ -9,7 +9,7 @@ scheduling is simulated: it is the same code that runs in production.
 Simulated jobs checkpoint when asked to stop (they are given a ``checkpoint_dir``), so a
 preempted job resumes where it was; the GPU time between SIGTERM and exit counts as lost. A
 job's runtime in the trace holds on the GPU model given by its ``gpu_type`` and is converted
-to the model it gets with the speed table (``policies/speed.py``); a job without one runs as
+to the model it gets with the speed table (``broker/speed.py``); a job without one runs as
 long on any model. A job that would outrun its time limit is stopped at the limit (FAILED).
 
 An invariant checker runs after every cycle (see :mod:`broker.sim.invariants`).
@@ -23,26 +23,22 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from broker.config import Config
+from broker.config import CLUSTER_CONFIG_KEYS, Config
 from broker.model import Job, JobSpec
+from broker.model.fit import could_hold
 from broker.plan import Plan
-from broker.scheduler import run_cycle
+from broker.scheduler import Memory, run_cycle
 from broker.sim.cluster import Cluster
 from broker.sim.invariants import InvariantChecker
 from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
-from broker.state import JobState
+from broker.speed import convert_runtime
+from broker.state import EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
-from policies.defrag import MOVED
-from policies.placement import FreeIndex
 from policies.registry import PolicySet
-from policies.relief import YIELDED
-from policies.settings import CONFIG_KEYS
-from policies.speed import convert_runtime
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
 _LEASE = 1e15
-_WAITING = frozenset({"Resources", "Priority"})  # reason codes of a job waiting for GPUs
 
 
 @dataclass
@@ -65,11 +61,13 @@ class Simulation:
         self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
         base = config or Config()
         own: dict[str, Any] = {k: float(v) for k, v in cluster.settings.items()
-                               if k in CONFIG_KEYS}
+                               if k in CLUSTER_CONFIG_KEYS}
         self.config = replace(base, classes=cluster.classes, teams=cluster.teams, **own,
                               policy_settings={**base.policy_settings, **{
                                   k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
+        self.memory = Memory()  # the scheduler's caches across cycles
+        self.node_by_id = {n.id: n for n in cluster.nodes}
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None
         self.sla = {c.name: c.sla_s for c in cluster.classes}
@@ -84,18 +82,15 @@ class Simulation:
         self.devices = sum(len(n.allocatable) for n in cluster.nodes)
         may = {c.name for c in cluster.classes if c.may_preempt}
         quota = {t.name for t in cluster.teams if t.quota_gpus}
+        evictors = self.policy.resolve("evict")
         self._can_preempt = (lambda tj: tj.priority in may or tj.team in quota) \
-            if self.policy.preempt != "none" else (lambda tj: False)
+            if evictors else (lambda tj: False)
         self.preemptors = 0  # pending jobs that may preempt
-        # with relief, a starved head may evict jobs of its own class: see _cycle
-        self.relief = self.policy.relief and self.policy.preempt != "none"
+        # an evictor that may act at an arrival on a full cluster (relief: see _cycle)
+        self.relief = any(e.acts_on_arrival for e in evictors)
         self._wake = math.inf  # the earliest wake-up event queued (Plan.wake_at)
         self._holder = False  # the last cycle left a reservation (its holder stays first)
-        # strict FIFO without preemption (fcfs): once a job waits for GPUs, every later arrival
-        # queues behind it, so only a job leaving (end or eviction) can change the plan
-        self.strict_fifo = (self.policy.order == "fifo" and self.policy.backfill == "none"
-                            and self.policy.preempt == "none")
-        self._stuck = False
+        self._stuck = False  # the last plan said only a job leaving can change it
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -115,13 +110,12 @@ class Simulation:
     def _load(self) -> None:
         for node in self.cluster.nodes:
             self.store.heartbeat(node, _LEASE, 0.0)
-        empty = FreeIndex(self.cluster.nodes)
         for tj in self.trace.jobs:
             spec = self._spec(tj)
             rec = JobRecord(tj.id, tj.team, tj.priority, tj.total_gpus, tj.submit_s,
                             tj.duration_s, self.sla.get(tj.priority, math.inf))
             self.records[tj.id] = rec
-            if not empty.feasible_ever(spec.resources):
+            if not could_hold(self.cluster.nodes, spec.resources):
                 rec.infeasible = True  # never submitted: it could not run on this cluster
                 continue
             self.trace_jobs[tj.id] = tj
@@ -183,15 +177,15 @@ class Simulation:
         busy and no waiting job may preempt (production would plan the same: no start).
         ``force``: it could, even so: with relief, a job arrived and nobody holds the
         reservation (it may become the holder and evict jobs of its own class), or an earlier
-        cycle asked to be woken now (``Plan.wake_at``). Under strict FIFO without preemption
-        (fcfs), a cycle after one that left a job waiting for GPUs is skipped too until a job
-        ends or is evicted: arrivals queue behind that job, so the plan would start nothing."""
+        cycle asked to be woken now (``Plan.wake_at``). A cycle after one whose plan said only
+        a job leaving can change it (``Plan.until_event``: strict FIFO, nothing evicts) is
+        skipped too until a job ends or is evicted."""
         if not force and (self.queued_jobs == 0 or self._stuck
                           or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
             return
         snap = self.store.snapshot(now)
-        plan: Plan = run_cycle(snap, self.policy, now)
+        plan: Plan = run_cycle(snap, self.policy, now, self.memory)
         self.cycles += 1
         applied = self.store.apply(plan, now)
         for job in applied.started:
@@ -203,7 +197,7 @@ class Simulation:
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
         self._holder = plan.reservation is not None
-        self._stuck = self.strict_fifo and any(r.code in _WAITING for r in plan.pending.values())
+        self._stuck = plan.until_event
         if plan.wake_at is not None and now < plan.wake_at < self._wake:
             self._wake = plan.wake_at
             self._push(plan.wake_at, WAKE, "")
@@ -230,7 +224,7 @@ class Simulation:
         self.preemptors -= self._can_preempt(tj)
 
     def _model_of(self, job: Job) -> str:
-        node = self.store._nodes[job.allocations[0].node_id]
+        node = self.node_by_id[job.allocations[0].node_id]
         gid = job.allocations[0].gpu_ids[0] if job.allocations[0].gpu_ids else None
         return next((g.model for g in node.gpus if g.id == gid), node.gpus[0].model)
 
@@ -265,8 +259,9 @@ class Simulation:
         self.busy -= run.gpus
         rec = self.records[job_id]
         rec.preemptions += 1
-        rec.moves += stop is not None and stop.reason.startswith(MOVED)
-        rec.yields += stop is not None and stop.reason.startswith(YIELDED)
+        kind = stop.kind if stop is not None else None
+        rec.moves += kind is EvictionKind.MOVE
+        rec.yields += kind is EvictionKind.RELIEF
         rec.lost_gpu_s += run.gpus * (now - sigterm)
         self.queued_jobs += 1
         self.queued_gpus += run.gpus

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, Job
 from broker.plan import Start
-from broker.state import ACTIVE, TERMINAL, JobState
+from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, JobEvent, Started
 
 S = JobState
@@ -174,9 +174,10 @@ def cancel(job: Job, now: float, reason: str) -> Change | None:
     return Change(_bump(new), job.version)
 
 
-def preempt(job: Job, attempt: int, now: float, reason: str) -> Change | None:
+def preempt(job: Job, attempt: int, now: float, reason: str,
+            kind: EvictionKind = EvictionKind.PRIORITY) -> Change | None:
     check_attempt(job, attempt)
     if job.state is S.STOPPING:
         return None
-    new = job.with_state(S.STOPPING, now, reason, stop_target=S.PREEMPTED)
+    new = job.with_state(S.STOPPING, now, reason, kind, stop_target=S.PREEMPTED)
     return Change(_bump(new), job.version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.gpus import GPU_FAMILIES, KNOWN_MODELS
-from policies.speed import RELATIVE_SPEED, convert_runtime, fastest_first, speed_of
+from broker.speed import RELATIVE_SPEED, convert_runtime, fastest_first, speed_of
 
 
 def test_every_known_family_has_a_speed() -> None:

@@ -1,0 +1,135 @@
+"""Phases 2 and 3 of the cycle: walk the ordered queue once, admit, place, reserve, backfill.
+
+In queue order, each job is admitted (the ``admit`` policy), checked for feasibility, and
+placed on free capacity (the ``place`` policy). The first job that cannot be placed is the
+*head*: the ``reserve`` policy gives it a reservation (EASY backfill) or, in strict order,
+makes everyone behind it wait; the evictors then plan what must happen before backfill
+(defragmentation moves keep the GPUs they land on). A later job starts only if it does not
+delay the reservation: it ends before the reservation starts, or it uses only GPUs the head
+will not need (the reservation's cap), or an evictor lets it use the reserved GPUs until the
+reservation is due (scavenging). Jobs of a request shape that already failed behind the head
+fail alike without another search.
+
+Fast path, in the same loop: once the head is blocked and no GPU is free (or the order is
+strict), the rest of the queue waits in one step; only jobs that need no GPU are still tried.
+"""
+
+from __future__ import annotations
+
+from broker.model import Allocation, Job, Reason
+from policies import reasons
+from policies.cycle import Cycle
+from policies.registry import register
+
+
+def place_queue(cycle: Cycle) -> None:
+    """Place, reserve and backfill over ``cycle.queue``, recording starts and reasons."""
+    queue: list[Job] = cycle.queue  # type: ignore[attr-defined]
+    for evictor in cycle.evictors:
+        evictor.before_place(cycle)
+    index, strict = cycle.index, cycle.reserver.strict
+    failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
+    head_blocked = False
+    for pos, job in enumerate(queue):
+        if head_blocked and (strict or index.free_devices == 0):
+            _wait_behind(cycle, queue[pos:], strict, full=index.free_devices == 0)
+            return
+        refusal = cycle.admit(cycle, job)
+        if refusal is not None:
+            cycle.pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
+            continue
+        res = job.res
+        if not index.feasible_ever(res):
+            cycle.pending[job.id] = reasons.infeasible(res)
+            continue
+        long = False
+        if not res.gpus or index.free_devices:  # (else nothing to try: the head waits)
+            long = cycle.shadow is not None and not cycle.shadow.allows(cycle.now,
+                                                                      cycle.estimate(job))
+            shape = (res.key, job.spec.sites, long and _may_use_reserved(cycle, job))
+            if shape in failed:
+                cycle.pending[job.id] = failed[shape]
+                cycle.blocked.append(job)
+                continue
+            allocs = _place(cycle, job, long)
+            if allocs is not None:
+                cycle.start(job, allocs, long)
+                continue
+        cycle.blocked.append(job)
+        if not head_blocked:
+            head_blocked = True
+            if not strict:
+                cycle.shadow = cycle.reserve(job)
+            cycle.pending[job.id] = reasons.head(cycle, res)
+            for evictor in cycle.evictors:
+                evictor.head_blocked(cycle, job)
+            continue
+        failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
+
+
+def _may_use_reserved(cycle: Cycle, job: Job) -> object:
+    """For the shape cache: a long job's outcome also depends on whether it may use the
+    reserved GPUs (scavenging)."""
+    return "scavenge" if any(e.may_use_reserved(cycle, job) for e in cycle.evictors) else True
+
+
+def _place(cycle: Cycle, job: Job, long: bool) -> tuple[Allocation, ...] | None:
+    end = cycle.now + min(cycle.estimate(job), 1e9)
+    sh = cycle.shadow
+    if sh is not None and not long and cycle.placer.packs_around_reservation:
+        # a job that ends before the reservation starts goes first into the reserved nodes'
+        # idle GPUs, keeping the other nodes for longer jobs
+        inside = cycle.index.find(job.res, job.spec.sites, only=sh.node_set)
+        if inside is not None:
+            return inside
+    if sh is None or not long:
+        return cycle.placer.place(cycle, job, end)
+    # it would outlive the reservation: only the GPUs the head will not need, or (if an
+    # evictor allows it) the reserved GPUs until the reservation is due
+    allocs = cycle.index.find(job.res, job.spec.sites, sh.cap, sh.kind, cycle.horizon, end)
+    for evictor in cycle.evictors:
+        if allocs is not None:
+            break
+        allocs = evictor.use_reserved(cycle, job)
+    return allocs
+
+
+def _wait_behind(cycle: Cycle, rest: list[Job], strict: bool, full: bool) -> None:
+    """The head is blocked and nothing behind it can start on GPUs: the rest waits at once."""
+    index = cycle.index
+    wait = reasons.FIFO if strict else reasons.FULL
+    if not full:  # strict order with GPUs free: every later job waits for the head
+        cycle.pending.update((j.id, reasons.FIFO) if index.feasible_ever(j.res)
+                             else (j.id, reasons.infeasible(j.res)) for j in rest)
+        cycle.blocked.extend(rest)
+        return
+    feasible, known = index.feasible_ever, index.feasible_memo  # (inlined: long tails)
+    ok = [j for j in rest if j.res.gpus and (known.get(j.res.key) or feasible(j.res))]
+    cycle.pending.update(dict.fromkeys([j.id for j in ok], wait))
+    cycle.blocked.extend(ok)
+    if len(ok) == len(rest):
+        return
+    for j in rest:  # jobs that need no GPU may still start (not in strict order)
+        if j.res.gpus and feasible(j.res):
+            continue
+        if not feasible(j.res):
+            cycle.pending[j.id] = reasons.infeasible(j.res)
+            continue
+        allocs = None if strict else cycle.placer.place(cycle, j, cycle.now)
+        if allocs is not None:
+            cycle.start(j, allocs, False)
+        else:
+            cycle.pending[j.id] = wait
+            cycle.blocked.append(j)
+
+
+@register("burst", "none")
+def no_burst(cycle: Cycle) -> None:
+    """Rent nothing (the burst policies land with the cloud sites)."""
+    del cycle
+
+
+@register("defer", "none")
+def no_defer(cycle: Cycle) -> None:
+    """Hold nothing back (carbon- and price-aware deferral lands later)."""
+    del cycle

@@ -1,0 +1,79 @@
+"""Why a job is still pending: the reasons the cycle returns (``spillway explain`` shows them).
+
+Reasons are data, not exceptions: a code (``Resources``, ``Priority``, ``Reservation``,
+``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, or an admission refusal) and a
+sentence for people.
+"""
+
+from __future__ import annotations
+
+import math
+
+from broker.model import Job, Reason, Resources
+from policies.cycle import Cycle
+
+FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
+FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlier job to start")
+
+
+def dur(seconds: float) -> str:
+    """A duration for a sentence: 45s, 12m, 3.5h, or unknown."""
+    if not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def types(res: Resources) -> str:
+    what = "/".join(res.gpu_types) if res.gpu_types else "any type"
+    if res.mig_profile:
+        what = f"MIG {res.mig_profile} ({what})"
+    if res.min_gpu_memory_gb:
+        what += f", >= {res.min_gpu_memory_gb:g} GB"
+    return what
+
+
+def _on_nodes(res: Resources) -> str:
+    return f" on {res.nodes} nodes" if res.nodes > 1 else ""
+
+
+def infeasible(res: Resources) -> Reason:
+    return Reason(
+        "NoFeasibleNode",
+        f"no live node has {res.gpus} free-able GPU(s) of {types(res)}{_on_nodes(res)}"
+        "; check `spillway nodes` and the job's gpu_types / min_gpu_memory_gb",
+    )
+
+
+def head(cycle: Cycle, res: Resources) -> Reason:
+    """The first blocked job: where and when its reservation is, if it has one."""
+    what = f"{res.gpus} GPU(s) of {types(res)}{_on_nodes(res)}"
+    sh = cycle.shadow
+    if sh is None:
+        return Reason("Resources", f"first in line; waiting for {what} to free up")
+    when = "now" if sh.reservation.start_at <= cycle.now else (
+        f"in ~{dur(sh.reservation.start_at - cycle.now)}")
+    return Reason("Resources", f"first in line, holds the reservation: {what} on "
+                               f"{', '.join(sh.reservation.node_ids)} expected free {when}")
+
+
+def blocked(cycle: Cycle, job: Job, long: bool) -> Reason:
+    """A later blocked job: it would delay the reservation, its team is over its share, or it
+    waits behind higher-ranked jobs."""
+    res = job.res
+    if long and cycle.index.find(res, job.spec.sites) is not None:
+        assert cycle.shadow is not None
+        return Reason("Reservation",
+                      f"would fit now but would delay the reservation of "
+                      f"{cycle.shadow.reservation.job_id} (its estimate ends after "
+                      f"{dur(cycle.shadow.reservation.start_at - cycle.now)})")
+    fs = cycle.notes.get("fairshare", {})  # set by an order that weighs fair share
+    if fs.get(job.team, 1.0) < 0.5:
+        return Reason("FairShare", f"team {job.team} used more than its share lately; "
+                                   f"waiting behind other teams' jobs for {res.gpus} GPU(s) "
+                                   f"of {types(res)}")
+    return Reason("Priority", f"waiting behind higher-ranked jobs for {res.gpus} GPU(s) of "
+                              f"{types(res)}{_on_nodes(res)}")
