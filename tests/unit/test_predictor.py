@@ -122,6 +122,8 @@ def test_window_keeps_every_group_sorted_and_bounded() -> None:
     pred = RuntimePredictor(window=5)
     runtimes = [(i * 37) % 101 for i in range(200)]
     feed(pred, runtimes)
+    # every group the runtimes were filed under exists (else the loop below checks nothing)
+    assert set(pred._groups) == set(RuntimePredictor.keys("t", "x", 1, 3600.0))
     for g in pred._groups.values():
         assert len(g.recent) == 5
         assert g.sorted == sorted(g.recent) == sorted(runtimes[-5:])
