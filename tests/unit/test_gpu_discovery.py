@@ -1,14 +1,23 @@
-"""GPU discovery: NVML (patched pynvml functions), static inventories and their errors."""
+"""GPU discovery: NVML (a fake ``pynvml`` module), static inventories and their errors.
+
+The NVML tests inject a fake ``pynvml`` module into ``sys.modules`` (discovery imports it
+lazily), so they run the discovery code the same way on every machine, with or without the
+``nvidia-ml-py`` package or a GPU. One test reads the real device, and runs only where NVML
+answers (a GPU host).
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import Any
 from unittest import mock
 
-import pynvml
 import pytest
 
+from broker.gpus import KNOWN_MODELS
 from broker.model import Gpu
 from workers.discovery import (
     discover,
@@ -20,10 +29,35 @@ from workers.discovery import (
 
 GIB = 2**30
 
+# the return codes and constants of nvidia-ml-py that discovery uses (same values)
+NOT_SUPPORTED, NOT_FOUND, LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED = 3, 6, 12, 9
+GPU_IS_LOST, UNKNOWN, MIG_ENABLE = 15, 999, 1
 
-def fake_host() -> dict[str, object]:
+
+class NVMLError(Exception):
+    """As in pynvml: ``NVMLError(code)`` is an instance of the code's own subclass."""
+
+    by_code: dict[int, type[NVMLError]] = {}
+
+    def __new__(cls, value: int) -> NVMLError:
+        sub = NVMLError.by_code.get(value, cls) if cls is NVMLError else cls
+        return Exception.__new__(sub)
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+class NVMLError_NotFound(NVMLError):  # (pynvml's name)
+    pass
+
+
+NVMLError.by_code[NOT_FOUND] = NVMLError_NotFound
+
+
+def fake_host() -> dict[str, Any]:
     """Two A100-80GB: GPU 0 whole, GPU 1 in MIG mode with instances in slots 0, 2 and 5."""
-    gpus = {
+    gpus: dict[str, dict[str, Any]] = {
         "gpu0": {"uuid": "GPU-0000", "name": "NVIDIA A100-SXM4-80GB", "mem": 80 * GIB,
                  "mig": None},
         "gpu1": {"uuid": "GPU-1111", "name": "NVIDIA A100-SXM4-80GB", "mem": 80 * GIB,
@@ -34,7 +68,7 @@ def fake_host() -> dict[str, object]:
     migs = {f"{h}/{slot}": (h, *v) for h, g in gpus.items() for slot, v in (g["mig"] or {}).items()}
     handles = list(gpus)
 
-    def info(h: str) -> dict[str, object]:
+    def info(h: str) -> dict[str, Any]:
         if h in gpus:
             return {"uuid": gpus[h]["uuid"], "name": gpus[h]["name"], "mem": gpus[h]["mem"]}
         _, uuid, name, mem = migs[h]
@@ -42,18 +76,18 @@ def fake_host() -> dict[str, object]:
 
     def mig_mode(h: str) -> list[int]:
         if gpus[h]["mig"] is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+            raise NVMLError(NOT_SUPPORTED)
+        return [MIG_ENABLE, MIG_ENABLE]
 
     def mig_handle(h: str, slot: int) -> str:
         key = f"{h}/{slot}"
         if key not in migs:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            raise NVMLError(NOT_FOUND)
         return key
 
     return {
-        "nvmlInit": mock.DEFAULT,
-        "nvmlShutdown": mock.DEFAULT,
+        "nvmlInit": mock.Mock(),
+        "nvmlShutdown": mock.Mock(),
         "nvmlDeviceGetCount": lambda: len(handles),
         "nvmlDeviceGetHandleByIndex": lambda i: handles[i],
         "nvmlDeviceGetIndex": lambda h: handles.index(h),
@@ -64,12 +98,34 @@ def fake_host() -> dict[str, object]:
         "nvmlDeviceGetMigMode": mig_mode,
         "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,
         "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
+        "nvmlDeviceGetAttributes": mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)),
     }
 
 
-def test_nvml_host_with_one_mig_gpu() -> None:
-    with mock.patch.multiple(pynvml, **fake_host()) as fakes:
-        gpus = discover_nvml()
+Install = Callable[..., ModuleType]
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Install:
+    """``install(**functions)``: put a fake ``pynvml`` module with these functions (default:
+    :func:`fake_host`) in ``sys.modules`` for the test; returns it."""
+
+    def install(**functions: Any) -> ModuleType:
+        mod = ModuleType("pynvml")
+        mod.NVMLError = NVMLError  # type: ignore[attr-defined]
+        mod.NVMLError_NotFound = NVMLError_NotFound  # type: ignore[attr-defined]
+        mod.NVML_DEVICE_MIG_ENABLE = MIG_ENABLE  # type: ignore[attr-defined]
+        for name, fn in {**fake_host(), **functions}.items():
+            setattr(mod, name, fn)
+        monkeypatch.setitem(sys.modules, "pynvml", mod)
+        return mod
+
+    return install
+
+
+def test_nvml_host_with_one_mig_gpu(fake_nvml: Install) -> None:
+    nv = fake_nvml()
+    gpus = discover_nvml()
     assert gpus == [
         Gpu("GPU-0000", 0, "A100-80GB", 80.0),
         Gpu("GPU-1111", 1, "A100-80GB", 80.0, mig_enabled=True),
@@ -77,56 +133,115 @@ def test_nvml_host_with_one_mig_gpu() -> None:
         Gpu("MIG-bbbb", 1, "A100-80GB", 10.0, mig_profile="1g.10gb", parent="GPU-1111"),
         Gpu("MIG-cccc", 1, "A100-80GB", 40.0, mig_profile="3g.40gb", parent="GPU-1111"),
     ]
-    fakes["nvmlInit"].assert_called_once()
-    fakes["nvmlShutdown"].assert_called_once()
+    nv.nvmlInit.assert_called_once()
+    nv.nvmlShutdown.assert_called_once()
 
 
-def test_mig_profile_from_memory_when_the_name_lacks_it() -> None:
-    fakes = fake_host()
-    real_name = fakes["nvmlDeviceGetName"]
-    fakes["nvmlDeviceGetName"] = lambda h: (
-        "NVIDIA A100-SXM4-80GB" if "/" in h else real_name(h))  # type: ignore[operator]
-    fakes["nvmlDeviceGetAttributes"] = mock.Mock(side_effect=pynvml.NVMLError(
-        pynvml.NVML_ERROR_NOT_SUPPORTED))
-    with mock.patch.multiple(pynvml, **fakes):
-        gpus = discover_nvml()
-    assert [g.mig_profile for g in gpus] == [None, None, "1g.10gb", "1g.10gb", "3g.40gb"]
+def test_the_fake_module_is_the_one_discovery_reads(fake_nvml: Install) -> None:
+    """Another fake host: one H100 with no MIG support at all, at NVML index 3."""
+    fake_nvml(nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: "h",
+              nvmlDeviceGetIndex=lambda h: 3, nvmlDeviceGetUUID=lambda h: "GPU-h100",
+              nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+              nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=80 * GIB),
+              nvmlDeviceGetMigMode=mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)))
+    assert discover_nvml() == [Gpu("GPU-h100", 3, "H100-80GB", 80.0)]
 
 
-def test_bytes_names_from_older_bindings_are_decoded() -> None:
-    fakes = fake_host()
-    uuid, name = fakes["nvmlDeviceGetUUID"], fakes["nvmlDeviceGetName"]
-    fakes["nvmlDeviceGetUUID"] = lambda h: uuid(h).encode()  # type: ignore[operator]
-    fakes["nvmlDeviceGetName"] = lambda h: name(h).encode()  # type: ignore[operator]
-    with mock.patch.multiple(pynvml, **fakes):
-        gpus = discover_nvml()
-    assert gpus[0].id == "GPU-0000" and gpus[-1].mig_profile == "3g.40gb"
+def test_the_index_falls_back_to_the_enumeration_order(fake_nvml: Install) -> None:
+    fake_nvml(nvmlDeviceGetIndex=mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)))
+    assert [g.index for g in discover_nvml()] == [0, 1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-                                  pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-                                  pynvml.NVML_ERROR_UNKNOWN])
-def test_no_nvml_means_no_gpus(code: int) -> None:
-    shutdown = mock.Mock()
-    with mock.patch.multiple(pynvml, nvmlInit=mock.Mock(side_effect=pynvml.NVMLError(code)),
-                             nvmlShutdown=shutdown):
-        assert discover_nvml() == []
-    shutdown.assert_not_called()
+def test_a_gpu_with_mig_mode_off_is_whole(fake_nvml: Install) -> None:
+    fake_nvml(nvmlDeviceGetMigMode=lambda h: [0, 0])
+    assert [(g.id, g.mig_enabled, g.mig_profile) for g in discover_nvml()] == [
+        ("GPU-0000", False, None), ("GPU-1111", False, None)]
 
 
-def test_shutdown_runs_when_a_query_fails() -> None:
-    fakes = fake_host()
-    fakes["nvmlDeviceGetUUID"] = mock.Mock(side_effect=pynvml.NVMLError(
-        pynvml.NVML_ERROR_GPU_IS_LOST))
-    with mock.patch.multiple(pynvml, **fakes) as patched, pytest.raises(pynvml.NVMLError):
-        discover_nvml()
-    patched["nvmlShutdown"].assert_called_once()
-
-
-def test_real_library_is_absent_here_or_answers() -> None:
-    # On a machine without the NVIDIA driver this is the LibraryNotFound path, unpatched.
+def test_mig_profile_from_memory_when_the_name_lacks_it(fake_nvml: Install) -> None:
+    real_name = fake_host()["nvmlDeviceGetName"]
+    fake_nvml(nvmlDeviceGetName=lambda h: "NVIDIA A100-SXM4-80GB" if "/" in h else real_name(h))
     gpus = discover_nvml()
-    assert all(g.id.startswith(("GPU-", "MIG-")) for g in gpus)
+    assert [g.mig_profile for g in gpus] == [None, None, "1g.10gb", "1g.10gb", "3g.40gb"]
+    assert [g.memory_gb for g in gpus] == [80.0, 80.0, 10.0, 10.0, 40.0]
+
+
+def test_mig_profile_from_slices_when_the_name_lacks_it(fake_nvml: Install) -> None:
+    """Slices and memory from nvmlDeviceGetAttributes: 4 slices of 40 GB is 4g.40gb."""
+    real_name = fake_host()["nvmlDeviceGetName"]
+    fake_nvml(nvmlDeviceGetName=lambda h: "NVIDIA A100-SXM4-80GB" if "/" in h else real_name(h),
+              nvmlDeviceGetAttributes=lambda h: SimpleNamespace(
+                  gpuInstanceSliceCount=4 if h.endswith("/5") else 1, memorySizeMB=9984
+                  if not h.endswith("/5") else 40448))
+    assert [g.mig_profile for g in discover_nvml()] == [None, None, "1g.10gb", "1g.10gb",
+                                                         "4g.40gb"]
+
+
+def test_bytes_names_from_older_bindings_are_decoded(fake_nvml: Install) -> None:
+    host = fake_host()
+    uuid, name = host["nvmlDeviceGetUUID"], host["nvmlDeviceGetName"]
+    fake_nvml(nvmlDeviceGetUUID=lambda h: uuid(h).encode(),
+              nvmlDeviceGetName=lambda h: name(h).encode())
+    gpus = discover_nvml()
+    assert [g.id for g in gpus] == ["GPU-0000", "GPU-1111", "MIG-aaaa", "MIG-bbbb", "MIG-cccc"]
+    assert gpus[0].model == "A100-80GB" and gpus[-1].mig_profile == "3g.40gb"
+
+
+@pytest.mark.parametrize("code", [LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, UNKNOWN])
+def test_no_nvml_means_no_gpus(fake_nvml: Install, code: int) -> None:
+    nv = fake_nvml(nvmlInit=mock.Mock(side_effect=NVMLError(code)))
+    assert discover_nvml() == []
+    nv.nvmlInit.assert_called_once()
+    nv.nvmlShutdown.assert_not_called()
+
+
+def test_no_nvidia_ml_py_package_means_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    assert discover_nvml() == []
+
+
+def test_shutdown_runs_when_a_query_fails(fake_nvml: Install) -> None:
+    nv = fake_nvml(nvmlDeviceGetUUID=mock.Mock(side_effect=NVMLError(GPU_IS_LOST)))
+    with pytest.raises(NVMLError):
+        discover_nvml()
+    nv.nvmlShutdown.assert_called_once()
+
+
+def _real_nvml_gpus() -> int:
+    """How many GPUs the real NVML reports (0: no package, no driver or no GPU)."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@pytest.mark.skipif(_real_nvml_gpus() == 0, reason="needs an NVIDIA GPU, its driver and "
+                                                    "nvidia-ml-py")
+def test_the_real_devices() -> None:
+    import pynvml
+
+    gpus = discover_nvml()
+    whole = [g for g in gpus if g.mig_profile is None]
+    assert len(whole) == _real_nvml_gpus() > 0
+    assert sorted(g.index for g in whole) == list(range(len(whole)))
+    assert all(g.id.startswith("GPU-") for g in whole)
+    assert all(g.id.startswith("MIG-") and g.parent for g in gpus if g.mig_profile)
+    assert all(g.model in KNOWN_MODELS and g.memory_gb > 0 for g in gpus), gpus
+    pynvml.nvmlInit()
+    try:
+        uuids = {pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(len(whole))}
+    finally:
+        pynvml.nvmlShutdown()
+    assert {g.id for g in whole} == {u.decode() if isinstance(u, bytes) else u for u in uuids}
 
 
 # -- static inventories -----------------------------------------------------------------------
@@ -204,10 +319,11 @@ def test_inventory_file_unreadable_or_not_yaml(tmp_path: Path) -> None:
         load_inventory_file(bad, "n1")
 
 
-def test_discover_prefers_text_then_file_then_nvml(tmp_path: Path) -> None:
+def test_discover_prefers_text_then_file_then_nvml(tmp_path: Path, fake_nvml: Install) -> None:
     path = tmp_path / "inv.yaml"
     path.write_text("gpus: [{model: T4, count: 1}]\n")
     assert [g.model for g in discover("1xL4", str(path), "n1")] == ["L4-24GB"]
     assert [g.model for g in discover(None, str(path), "n1")] == ["T4-16GB"]
-    with mock.patch.multiple(pynvml, **fake_host()):
-        assert len(discover(None, None, "n1")) == 5
+    fake_nvml()
+    assert [g.id for g in discover(None, None, "n1")] == [
+        "GPU-0000", "GPU-1111", "MIG-aaaa", "MIG-bbbb", "MIG-cccc"]
