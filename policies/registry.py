@@ -57,8 +57,15 @@ def register(role: str, name: str, settings: Mapping[str, Any] | None = None
     return deco
 
 
+_loaded = False
+
+
 def _load_builtins() -> None:
     """Import the modules that register the built-in policies (late: they import this one)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
     import policies.backfill
     import policies.defrag
     import policies.ordering
@@ -71,8 +78,7 @@ def _load_builtins() -> None:
 
 
 def lookup(role: str, name: str) -> Any:
-    if not _REGISTRY["order"]:
-        _load_builtins()
+    _load_builtins()
     try:
         return _REGISTRY[role][name]
     except KeyError:
@@ -82,15 +88,13 @@ def lookup(role: str, name: str) -> Any:
 
 def registered(role: str) -> tuple[str, ...]:
     """The names registered for ``role``."""
-    if not _REGISTRY["order"]:
-        _load_builtins()
+    _load_builtins()
     return tuple(sorted(_REGISTRY[role]))
 
 
 def declared_settings() -> dict[str, Mapping[str, Any]]:
     """Policy name -> its settings' defaults, for every registered policy that has settings."""
-    if not _REGISTRY["order"]:
-        _load_builtins()
+    _load_builtins()
     return dict(_SETTINGS)
 
 

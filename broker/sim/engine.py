@@ -91,6 +91,7 @@ class Simulation:
         self._wake = math.inf  # the earliest wake-up event queued (Plan.wake_at)
         self._holder = False  # the last cycle left a reservation (its holder stays first)
         self._stuck = False  # the last plan said only a job leaving can change it
+        self.skip_until_event = True  # honour Plan.until_event (tests turn it off)
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
@@ -197,7 +198,7 @@ class Simulation:
         if self.checker is not None:
             self.checker.after_cycle(now, plan, applied)
         self._holder = plan.reservation is not None
-        self._stuck = plan.until_event
+        self._stuck = plan.until_event and self.skip_until_event
         if plan.wake_at is not None and now < plan.wake_at < self._wake:
             self._wake = plan.wake_at
             self._push(plan.wake_at, WAKE, "")

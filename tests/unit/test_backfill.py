@@ -19,7 +19,7 @@ from policies.placement import FreeIndex
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 
-EASY = PolicySet(order="priority-fifo", backfill="easy", preempt="none", name="easy")
+EASY = PolicySet(order="priority-fifo", reserve="easy", evict=(), name="easy")
 FCFS = PolicySet.named("fcfs")
 PREDICTED = replace(EASY, estimate="predictor")
 
@@ -228,11 +228,8 @@ def test_overrun_pushes_the_reservation_later_cycle_after_cycle() -> None:
 def test_plan_carries_the_reservation_and_the_order() -> None:
     pending = [job("c", 1, submitted=3, time_limit=50), job("head", 8, submitted=1),
                job("b", 2, submitted=2, time_limit=9000)]
-    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]), EASY,
-                     explain=True)
-    assert plan.order == ("head", "b", "c")
-    assert run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]),
-                     EASY).order == ()  # only when asked: it costs a pass over the queue
+    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]), EASY)
+    assert plan.order == ("head", "b", "c")  # the ranked queue, for explain
     assert plan.reservation is not None and plan.reservation.job_id == "head"
     assert started(plan) == {"c": ("a",)}
     assert codes(plan) == {"head": "Resources", "b": "Reservation"}
@@ -246,7 +243,7 @@ def test_plan_carries_the_reservation_and_the_order() -> None:
                  id="a running job with no limit: no reservation can be computed"),
 ])
 def test_no_reservation(policy, pending, active) -> None:  # type: ignore[no-untyped-def]
-    plan = run_cycle(snap([node("a", 8)], pending, active), policy, explain=True)
+    plan = run_cycle(snap([node("a", 8)], pending, active), policy)
     assert plan.reservation is None
     assert plan.order == tuple(j.id for j in pending)
 
@@ -291,7 +288,7 @@ def test_release_profile_and_reserve_cap() -> None:
     assert sh.cap == {"a": 0}
 
 
-# -- relaxed backfill (settings[policy name]["backfill_relax"]) ------------------------------
+# -- relaxed backfill (settings["easy"]["backfill_relax"]) ------------------------------
 
 @pytest.mark.parametrize(("relax", "limit", "starts"), [
     pytest.param(None, 900.0, True, id="no knob: ends at the reservation"),
@@ -352,3 +349,18 @@ def test_cpu_only_and_infeasible_jobs_deep_in_a_full_queue(policy: PolicySet) ->
     assert ("cpu" in started(plan)) is (policy is EASY)
     assert codes(plan)["huge"] == "NoFeasibleNode"
     assert codes(plan)["gpu"] == ("Resources" if policy is EASY else "Priority")
+
+
+@pytest.mark.parametrize(("policy", "until_event"), [
+    (FCFS, True),  # strict order, arrivals last, nothing evicts: only an end can change it
+    (EASY, False),  # a backfilled arrival could start
+    (PolicySet(order="priority-fifo", reserve="strict", evict=()), False),  # it may jump ahead
+    (PolicySet(order="fifo", reserve="strict", evict=("priority",)), False),  # it may evict
+])
+def test_a_plan_says_when_only_an_event_can_change_it(policy: PolicySet,
+                                                       until_event: bool) -> None:
+    pending = [job("head", 8, submitted=1), job("b", 1, submitted=2)]
+    plan = run_cycle(snap([node("a", 8)], pending, [running("r1", 6, time_limit=1000)]), policy)
+    assert plan.until_event is until_event
+    nothing_waits = run_cycle(snap([node("a", 8)], [job("x", 1)], []), policy)
+    assert nothing_waits.until_event is False

@@ -13,16 +13,15 @@ import pytest
 
 from broker.model import HistoryEntry, Job
 from broker.plan import Reservation
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.defrag import MOVED
+from broker.scheduler import CycleState, run_cycle
+from broker.state import EvictionKind, JobState
 from policies.registry import PolicySet
 from tests.builders import node
 from tests.unit.test_preemption import evicted, pending, running, snap
 
 NOW = 10_000.0
-DEFRAG = PolicySet(order="priority-fifo", place="best-fit", backfill="easy", preempt="priority",
-                   estimate="limit", defrag=True, name="defrag-test")
+DEFRAG = PolicySet(order="priority-fifo", place="best-fit", reserve="easy",
+                   evict=("priority", "move"), estimate="limit", name="defrag-test")
 
 
 def mover(job_id: str, n: int, on: str = "a", **kw: object) -> Job:
@@ -86,7 +85,7 @@ CASES = {
     "the gain threshold comes from the policy's settings": (
         [node("a", 4), node("b", 4)],
         [mover("s1", 2, "a", time_limit=9_300), mover("s2", 2, "b", started=2000)],
-        [wide()], DEFRAG, {"settings": {"defrag-test": {"defrag_min_gain_s": 60.0}}},
+        [wide()], DEFRAG, {"settings": {"move": {"defrag_min_gain_s": 60.0}}},
         {"s2"}),
     "a job about to end anyway is not moved (nor its node freed by moving it)": (
         [node("a", 4), node("b", 4), node("c", 4)],
@@ -97,7 +96,7 @@ CASES = {
         [node("a", 4), node("b", 4), node("c", 4)],
         [mover("s1", 1, "a", time_limit=9_700), mover("s3", 1, "a", first=1),
          mover("s2", 3, "b"), mover("x", 2, "c", checkpoint_dir=None)],
-        [wide()], DEFRAG, {"settings": {"defrag-test": {"defrag_min_gain_s": 60.0}}},
+        [wide()], DEFRAG, {"settings": {"move": {"defrag_min_gain_s": 60.0}}},
         {"s1", "s3"}),
     "a move already under way: no second one": (
         [node("a", 4), node("b", 4)],
@@ -106,7 +105,7 @@ CASES = {
     "a policy without defrag moves nothing": (
         [node("a", 4), node("b", 4)],
         [mover("s1", 2, "a"), mover("s2", 2, "b")],
-        [wide()], replace(DEFRAG, defrag=False), {}, set()),
+        [wide()], replace(DEFRAG, evict=("priority",)), {}, set()),
 }
 
 
@@ -121,6 +120,7 @@ def test_defrag(nodes, active, queue, policy, kw, moved) -> None:  # type: ignor
         assert plan.pending[head].code == "Resources"
         assert "moving" in plan.pending[head].message
         for p in plan.preemptions:
+            assert p.kind is EvictionKind.MOVE
             assert p.reason.startswith(f"moved to make whole nodes for {head}")
 
 
@@ -163,7 +163,8 @@ def test_mig_and_cpu_only_jobs_never_move_anything() -> None:
 
 def _moving(j: Job, holder: str = "w") -> Job:
     """``j`` was told to stop so that it moves (defragmentation), and is checkpointing."""
-    stop = HistoryEntry(JobState.STOPPING, NOW - 10, f"{MOVED} {holder}: restarts", j.attempt)
+    stop = HistoryEntry(JobState.STOPPING, NOW - 10, f"moved for {holder}: restarts", j.attempt,
+                        EvictionKind.MOVE)
     return replace(j, state=JobState.STOPPING, stop_target=JobState.PREEMPTED,
                    history=(*j.history, stop))
 
@@ -214,12 +215,13 @@ def test_a_moved_job_restarts_first_under_spillways_order() -> None:
 
     moved = replace(_moving(mover("m", 2, "a")), state=JobState.PENDING, allocations=(),
                     attempt=2, started_at=None, submitted_at=9_000.0)
-    other = replace(moved, id="p", history=tuple(replace(h, reason="preempted by crit")
-                                                 for h in moved.history))
+    other = replace(moved, id="p", history=tuple(
+        replace(h, reason="preempted by crit", kind=h.kind and EvictionKind.PRIORITY)
+        for h in moved.history))
     small = pending("x", 1, priority="normal", submitted=1_000.0, time_limit=600)
     holder = wide()
     s = snap([node("a", 4)], [small, other, moved, holder], [],
              reservation=Reservation("w", NOW + 20, ("a",), "A100-80GB"))
-    order = [j.id for j in spillway_order(s, s.pending)]
+    order = [j.id for j in spillway_order(CycleState(s, PolicySet(), s.now), s.pending)]
     assert order[:2] == ["w", "m"]
     assert order.index("x") < order.index("p")

@@ -9,7 +9,7 @@ import pytest
 from broker.config import Team
 from broker.model import Job
 from broker.plan import Reservation, Snapshot
-from broker.scheduler import run_cycle  # also registers the built-in policies
+from broker.scheduler import CycleState, run_cycle  # also registers the built-in policies
 from policies.ordering import SLURM_DEFAULTS
 from policies.registry import PolicySet, lookup
 from tests.builders import job, node, snapshot
@@ -39,7 +39,8 @@ def snap(jobs: list[Job], **kw: object) -> Snapshot:
 
 
 def ordered(name: str, jobs: list[Job], **kw: object) -> list[str]:
-    return [j.id for j in lookup("order", name)(snap(jobs, **kw), jobs)]
+    cycle = CycleState(snap(jobs, **kw), PolicySet(), NOW)
+    return [j.id for j in lookup("order", name)(cycle, jobs)]
 
 
 # -- class rank first (except fifo; spillway: the urgent classes) ----------------------------------
@@ -95,7 +96,7 @@ MULTIFACTOR = {
     "without fair share weight, age decides": (
         [mk("heavy_old", team="A", ago=13 * DAY), mk("light_new", team="B", ago=60)],
         {"usage": {"A": 1000.0}, "teams": TEAMS,
-         "settings": {"slurm": {"weight_fairshare": 0.0}}}, ["heavy_old", "light_new"]),
+         "settings": {"multifactor": {"weight_fairshare": 0.0}}}, ["heavy_old", "light_new"]),
     "equal shares: the older first": (
         [mk("new", team="A", ago=60), mk("old", team="B", ago=DAY)],
         {"teams": TEAMS}, ["old", "new"]),
@@ -255,10 +256,9 @@ def test_spillway_holder_keeps_the_reservation_through_a_cycle() -> None:
     queue = [mk("long", ago=3600, limit=86400, gpus=8), mk("short", ago=3600, limit=600, gpus=8)]
     base = snapshot([node("a", 8)], queue, [r1], now=NOW)
     policy = PolicySet.named("spillway")
-    first = run_cycle(base, policy, explain=True)
+    first = run_cycle(base, policy)
     assert first.order == ("short", "long")
     assert first.reservation is not None and first.reservation.job_id == "short"
-    held = run_cycle(replace(base, reservation=replace(first.reservation, job_id="long")), policy,
-                     explain=True)
+    held = run_cycle(replace(base, reservation=replace(first.reservation, job_id="long")), policy)
     assert held.order == ("long", "short")
     assert held.reservation is not None and held.reservation.job_id == "long"

@@ -14,18 +14,19 @@ from broker.errors import ConfigError
 from broker.sim.cluster import cluster_from_data
 from broker.sim.engine import Simulation
 from broker.sim.types import Trace
-from policies.settings import check_settings
+from policies.settings import check_config, check_settings
 
 CLASSES = ("critical", "high", "normal", "low")
 
 GOOD: dict[str, dict[str, Any]] = {
     "empty": {},
-    "spillway knobs": {"spillway": {"fairshare_tier": 0.7, "relief_slowdown": 0,
+    "spillway knobs": {"spillway": {"fairshare_tier": 0.7,
                                     "class_weight": {"normal": 2, "low": 1.5},
-                                    "long_tier_s": 3600, "order_quantile": 0.9}},
-    "slurm weights": {"slurm": {"weight_fairshare": 20000, "max_age_s": 86400}},
-    "another bundle's backfill_relax": {"slurm-like": {"backfill_relax": 0.5},
-                                        "fcfs": {}},
+                                    "long_tier_s": 3600, "order_quantile": 0.9},
+                       "relief": {"relief_slowdown": 0, "min_gain_s": 60},
+                       "move": {"defrag_min_gain_s": 300}},
+    "slurm weights": {"multifactor": {"weight_fairshare": 20000, "max_age_s": 86400}},
+    "EASY backfill's relax": {"easy": {"backfill_relax": 0.5}},
     "the predictor's quantile": {"predictor_quantile": 1},
 }
 
@@ -35,21 +36,23 @@ BAD: dict[str, tuple[Any, str]] = {
     "an unknown section": ({"spilway": {}}, "here: 'spilway' is not a setting; allowed: ["),
     "an unknown knob": ({"spillway": {"fairshare_teir": 1}},
                         "here.spillway: 'fairshare_teir' is not a setting of 'spillway'"),
-    "a spillway knob under another bundle": ({"fcfs": {"fairshare_tier": 1}},
-                                             "here.fcfs: 'fairshare_tier' is not a setting of "
-                                             "'fcfs'; allowed: ['backfill_relax']"),
-    "a section that is not a mapping": ({"slurm": 3}, "here.slurm: must be a mapping"),
+    "a bundle's name is not a policy's": ({"fcfs": {}}, "here: 'fcfs' is not a setting; "
+                                                        "allowed: ["),
+    "a spillway knob under another policy": ({"easy": {"fairshare_tier": 1}},
+                                             "here.easy: 'fairshare_tier' is not a setting of "
+                                             "'easy'; allowed: ['backfill_relax']"),
+    "a section that is not a mapping": ({"multifactor": 3}, "here.multifactor: must be a mapping"),
     "a string for a number": ({"spillway": {"fairshare_tier": "high"}},
                               "here.spillway.fairshare_tier: 'high' is not allowed; allowed: "
                               "a number >= 0"),
-    "a boolean for a number": ({"spillway": {"relief_ratio": True}},
-                               "here.spillway.relief_ratio: True is not allowed"),
-    "a negative number": ({"slurm": {"weight_age": -1}},
-                          "here.slurm.weight_age: -1 is not allowed; allowed: a number >= 0"),
-    "not a number": ({"spillway": {"relief_ratio": float("nan")}},
-                     "here.spillway.relief_ratio: nan is not allowed"),
-    "zero where it divides": ({"slurm": {"max_age_s": 0}},
-                              "here.slurm.max_age_s: 0 is not allowed; allowed: a number > 0"),
+    "a boolean for a number": ({"relief": {"relief_ratio": True}},
+                               "here.relief.relief_ratio: True is not allowed"),
+    "a negative number": ({"multifactor": {"weight_age": -1}},
+                          "here.multifactor.weight_age: -1 is not allowed; allowed: a number >= 0"),
+    "not a number": ({"relief": {"relief_ratio": float("nan")}},
+                     "here.relief.relief_ratio: nan is not allowed"),
+    "zero where it divides": ({"multifactor": {"max_age_s": 0}},
+                              "here.multifactor.max_age_s: 0 is not allowed; allowed: a number > 0"),
     "a quantile above 1": ({"predictor_quantile": 1.5},
                            "here.predictor_quantile: 1.5 is not allowed; allowed: a number in "
                            "(0, 1]"),
@@ -88,11 +91,11 @@ def test_a_cluster_file_may_set_the_config_values() -> None:
 
 def test_the_simulator_applies_a_cluster_files_config_values() -> None:
     cluster = cluster_from_data({"nodes": [{"prefix": "n", "gpus": "2xL4"}], "settings": {
-        "fairshare_half_life_s": 3600, "min_runtime_s": 60, "spillway": {"relief_ratio": 5}}},
+        "fairshare_half_life_s": 3600, "min_runtime_s": 60, "relief": {"relief_ratio": 5}}},
         "c.yaml")
     sim = Simulation(cluster, Trace("empty", 0.0, ()), "spillway", config=Config())
     assert sim.config.fairshare_half_life_s == 3600.0 and sim.config.min_runtime_s == 60.0
-    assert sim.config.policy_settings == {"spillway": {"relief_ratio": 5}}
+    assert sim.config.policy_settings == {"relief": {"relief_ratio": 5}}
 
 
 def test_the_config_file_is_checked_with_its_own_classes(tmp_path: Path) -> None:
@@ -101,8 +104,12 @@ def test_the_config_file_is_checked_with_its_own_classes(tmp_path: Path) -> None
         "classes": [{"name": "gold", "rank": 1}],
         "default_class": "gold",
         "policy_settings": {"spillway": {"class_weight": {"gold": 2}}}}))
-    assert load_config(path, env={}).policy_settings == {"spillway": {"class_weight": {"gold": 2}}}
+    cfg = check_config(load_config(path, env={}))
+    assert cfg.policy_settings == {"spillway": {"class_weight": {"gold": 2}}}
     path.write_text(yaml.safe_dump({"policy_settings": {"spillway": {"tier": 1}}}))
     with pytest.raises(ConfigError, match=r"^config policy_settings\.spillway: 'tier' is not a "
                                           r"setting of 'spillway'; allowed: \["):
-        load_config(path, env={})
+        check_config(load_config(path, env={}))
+    path.write_text(yaml.safe_dump({"policy": "fifo"}))
+    with pytest.raises(ConfigError, match=r"^config policy: 'fifo' is not one of \["):
+        check_config(load_config(path, env={}))

@@ -195,13 +195,13 @@ def test_quota_reclaim(nodes, active, queue, teams, victims, want_codes) -> None
     assert {k: r.code for k, r in plan.pending.items()} == want_codes
 
 
-@pytest.mark.parametrize("preempt", ["none", "priority"])
-def test_preempt_none_never_evicts(preempt: str) -> None:
+@pytest.mark.parametrize("evict", [(), ("priority",)])
+def test_no_evictors_never_evict(evict: tuple[str, ...]) -> None:
     from policies.registry import PolicySet
 
     plan = run_cycle(snap([node("a", 4)], [pending("crit", 4)], [running("v", 4)]),
-                     PolicySet(preempt=preempt))
-    assert evicted(plan) == ({"v"} if preempt == "priority" else set())
+                     PolicySet(evict=evict))
+    assert evicted(plan) == ({"v"} if evict else set())
 
 
 def test_preemptions_carry_grace_and_attempt() -> None:

@@ -15,19 +15,18 @@ from dataclasses import replace
 import pytest
 
 from broker.model import HistoryEntry, Job
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.defrag import MOVED
+from broker.scheduler import CycleState, run_cycle
+from broker.state import EvictionKind, JobState
 from policies.ordering import spillway
 from policies.registry import PolicySet
-from policies.relief import YIELDED, cost, gain, resumes_first, worth_it
+from policies.relief import cost, gain, resumes_first, worth_it
 from tests.builders import node
 from tests.unit.test_preemption import evicted, pending, running, snap
 
 NOW = 10_000.0
-RELIEF = PolicySet(order="priority-fifo", place="best-fit", backfill="easy", preempt="priority",
-                   estimate="limit", relief=True, name="relief-test")
-ON = {"settings": {"relief-test": {"relief_slowdown": 20.0, "relief_ratio": 10.0}}}
+RELIEF = PolicySet(order="priority-fifo", place="best-fit", reserve="easy",
+                   evict=("priority", "relief"), estimate="limit", name="relief-test")
+ON = {"settings": {"relief": {"relief_slowdown": 20.0, "relief_ratio": 10.0}}}
 
 
 def long_job(job_id: str, n: int = 2, on: str = "a", **kw: object) -> Job:
@@ -44,7 +43,7 @@ def short_wide(job_id: str = "w", n: int = 4, **kw: object) -> Job:
 
 
 def with_settings(**s: float) -> dict[str, object]:
-    return {"settings": {"relief-test": {"relief_slowdown": 20.0, "relief_ratio": 10.0, **s}}}
+    return {"settings": {"relief": {"relief_slowdown": 20.0, "relief_ratio": 10.0, **s}}}
 
 
 BOTH = [long_job("l1"), long_job("l2")]
@@ -62,7 +61,7 @@ CASES = {
                                                             {"l1", "l2"}),
     "relief_slowdown 0 turns it off": (BOTH, [short_wide()], RELIEF,
                                        with_settings(relief_slowdown=0.0), set()),
-    "a policy without relief": (BOTH, [short_wide()], replace(RELIEF, relief=False), ON, set()),
+    "a policy without relief": (BOTH, [short_wide()], replace(RELIEF, evict=("priority",)), ON, set()),
     "a long head is spared too little slowdown": (
         BOTH, [short_wide(time_limit=20_000)], RELIEF, ON, set()),
     "the victims' cost, times the ratio, outweighs the gain": (
@@ -96,7 +95,8 @@ def test_relief(active, queue, policy, kw, victims) -> None:  # type: ignore[no-
         assert reason.code == "Resources"
         assert f"evicting {len(victims)} long checkpointable job(s)" in reason.message
         for p in plan.preemptions:
-            assert p.reason.startswith(f"{YIELDED} w,")
+            assert p.kind is EvictionKind.RELIEF
+            assert p.reason.startswith("yielded to w,")
             assert p.grace_s == snap([], [], []).grace_s
 
 
@@ -105,7 +105,7 @@ def test_class_preemption_goes_first_and_relief_waits_its_turn() -> None:
     queue = [pending("crit", 2, submitted=4000.0), short_wide()]
     plan = run_cycle(snap([node("a", 4)], queue, BOTH, **ON), RELIEF)
     assert evicted(plan) == {"l1"}
-    assert all(p.reason.startswith("preempted by crit") for p in plan.preemptions)
+    assert all(p.kind is EvictionKind.PRIORITY for p in plan.preemptions)
 
 
 @pytest.mark.parametrize(("start_at", "grace", "estimate", "expected"), [
@@ -135,25 +135,28 @@ def test_worth_it(g: float, c: float, min_sd: float, ratio: float, ok: bool) -> 
     assert worth_it(g, c, min_sd, ratio) is ok
 
 
-def _requeued(j: Job, reason: str, attempt: int = 2) -> Job:
-    stop = HistoryEntry(JobState.STOPPING, NOW - 100, reason, attempt - 1)
+def _requeued(j: Job, kind: EvictionKind, attempt: int = 2) -> Job:
+    stop = HistoryEntry(JobState.STOPPING, NOW - 100, "evicted", attempt - 1, kind)
     return replace(j, attempt=attempt, history=(*j.history, stop))
 
 
-@pytest.mark.parametrize(("reason", "attempt", "first"), [
-    (f"{YIELDED} w, which had waited 129x its runtime", 2, True),
-    (f"{MOVED} w: restarts from its checkpoint", 2, True),
-    ("preempted by crit (critical, team t)", 2, False),
-    (f"{YIELDED} w", 1, False),  # a first attempt was never requeued
+@pytest.mark.parametrize(("kind", "attempt", "first"), [
+    (EvictionKind.RELIEF, 2, True),
+    (EvictionKind.MOVE, 2, True),
+    (EvictionKind.PRIORITY, 2, False),
+    (EvictionKind.QUOTA, 2, False),
+    (EvictionKind.SCAVENGE, 2, False),
+    (EvictionKind.RELIEF, 1, False),  # a first attempt was never requeued
 ])
-def test_resumes_first(reason: str, attempt: int, first: bool) -> None:
-    assert resumes_first(_requeued(pending("v", 1, priority="normal"), reason, attempt)) is first
+def test_resumes_first(kind: EvictionKind, attempt: int, first: bool) -> None:
+    assert resumes_first(_requeued(pending("v", 1, priority="normal"), kind, attempt)) is first
 
 
 def test_a_victim_of_relief_goes_back_to_the_front_of_spillways_queue() -> None:
     """Requeued after yielding to w, the long job l1 goes ahead of an older short job."""
     victim = _requeued(pending("l1", 2, priority="normal", submitted=1000.0,
-                               time_limit=86_400), f"{YIELDED} w, which had waited 129x")
+                               time_limit=86_400), EvictionKind.RELIEF)
     older = pending("s", 1, priority="normal", submitted=500.0, time_limit=60)
-    order = spillway(snap([node("a", 4)], [older, victim], []), [older, victim])
+    s = snap([node("a", 4)], [older, victim], [])
+    order = spillway(CycleState(s, PolicySet(), s.now), [older, victim])
     assert [j.id for j in order] == ["l1", "s"]

@@ -277,7 +277,7 @@ RELIEF = trace(*(tj(f"l{i}", 0, 20_000, 1, limit=40_000) for i in range(8)),
 def relief_cluster(**settings: float) -> Cluster:
     return cluster_from_data({"name": "tiny", "nodes": [
         {"prefix": "n", "count": 2, "gpus": "4xA100-80GB"}],
-        "settings": {"spillway": settings}})
+        "settings": {"relief": settings}})
 
 
 def test_spillway_relief_lets_a_starved_short_job_evict_long_ones() -> None:
@@ -327,11 +327,10 @@ def test_fcfs_skips_arrival_cycles_behind_a_blocked_head_with_the_same_outcome()
     tr = _backlog()
     fast = Simulation(tiny(), tr, "fcfs")
     slow = Simulation(tiny(), tr, "fcfs")
-    slow.strict_fifo = False  # a cycle on every arrival, as for any other policy
+    slow.skip_until_event = False  # a cycle on every arrival, as for any other policy
     a, b = fast.run(), slow.run()
     assert a.metrics["invariant_violations"] == b.metrics["invariant_violations"] == 0
     assert a.metrics["finished"] == b.metrics["finished"] == 120
     assert [(r.id, r.first_start_s, r.end_s) for r in a.records] == \
         [(r.id, r.first_start_s, r.end_s) for r in b.records]
     assert fast.cycles < slow.cycles  # the skip did happen
-    assert fast.strict_fifo and not Simulation(tiny(), tr, "slurm-like").strict_fifo

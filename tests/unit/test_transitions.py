@@ -10,7 +10,7 @@ import pytest
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, HistoryEntry, Job, JobSpec, Reason
 from broker.plan import Start
-from broker.state import JobState
+from broker.state import EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import Exited, JobEvent, Started, StartFailed
 
@@ -302,5 +302,5 @@ def test_preempt(before: Job, attempt: int, outcome: Any) -> None:
     new = change.job
     assert (new.state, new.stop_target, new.version, change.expected_version) == (
         S.STOPPING, S.PREEMPTED, 5, 4)
-    assert new.history[-1] == HistoryEntry(S.STOPPING, NOW, "room", 1)
+    assert new.history[-1] == HistoryEntry(S.STOPPING, NOW, "room", 1, EvictionKind.PRIORITY)
     assert change.release == () and change.claim == ()
