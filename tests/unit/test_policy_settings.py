@@ -52,7 +52,8 @@ BAD: dict[str, tuple[Any, str]] = {
     "not a number": ({"relief": {"relief_ratio": float("nan")}},
                      "here.relief.relief_ratio: nan is not allowed"),
     "zero where it divides": ({"multifactor": {"max_age_s": 0}},
-                              "here.multifactor.max_age_s: 0 is not allowed; allowed: a number > 0"),
+                              "here.multifactor.max_age_s: 0 is not allowed; allowed: "
+                              "a number > 0"),
     "a quantile above 1": ({"predictor_quantile": 1.5},
                            "here.predictor_quantile: 1.5 is not allowed; allowed: a number in "
                            "(0, 1]"),

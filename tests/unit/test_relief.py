@@ -61,7 +61,8 @@ CASES = {
                                                             {"l1", "l2"}),
     "relief_slowdown 0 turns it off": (BOTH, [short_wide()], RELIEF,
                                        with_settings(relief_slowdown=0.0), set()),
-    "a policy without relief": (BOTH, [short_wide()], replace(RELIEF, evict=("priority",)), ON, set()),
+    "a policy without relief": (BOTH, [short_wide()], replace(RELIEF, evict=("priority",)), ON,
+                                set()),
     "a long head is spared too little slowdown": (
         BOTH, [short_wide(time_limit=20_000)], RELIEF, ON, set()),
     "the victims' cost, times the ratio, outweighs the gain": (
