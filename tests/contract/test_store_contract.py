@@ -611,17 +611,22 @@ def test_blocking_read_returns_a_line_appended_while_waiting(store: BaseStore) -
     store.append_logs(job.id, 1, [("out", "first")], T0)
     cursor = store.read_logs(job.id, 1)[-1].cursor
     got: list[list[str]] = []
+    reading = threading.Event()
 
     def reader() -> None:
+        reading.set()
         got.append([x.text for x in store.read_logs(job.id, 1, cursor=cursor, block_s=10)])
 
-    t = threading.Thread(target=reader)
-    began = time.monotonic()
+    t = threading.Thread(target=reader, daemon=True)
     t.start()
-    store.append_logs(job.id, 1, [("out", "second")], T0 + 1)
+    assert reading.wait(5)
+    time.sleep(0.3)  # the reader is in its blocking read by now
+    assert got == [] and t.is_alive()  # still waiting: a read that did not block returned []
+    began = time.monotonic()
+    store.append_logs(job.id, 1, [("out", "second")], T0 + 1)  # after the wait began
     t.join(15)
     assert got == [["second"]]
-    assert time.monotonic() - began < 9
+    assert time.monotonic() - began < 9  # woken by the append, not by the end of block_s
 
 
 def test_blocking_read_on_an_empty_log_waits_then_returns_nothing(store: BaseStore) -> None:

@@ -9,6 +9,7 @@ are inspected, then flushed with it.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -191,20 +192,26 @@ def test_logs_read_and_follow_until_the_job_ends(client: Client) -> None:
     first = next(iter(client.logs(job.id)))
     assert [x.text for x in client.logs(job.id, since=first.cursor)] == ["oops"]
 
-    def agent() -> None:
-        time.sleep(0.3)
-        client.store.append_logs(job.id, 1, [("out", "line 2")], time.time())
-        time.sleep(0.3)
-        exit_(client, job.id, 0)
+    got: queue.Queue[str | None] = queue.Queue()
 
-    t = threading.Thread(target=agent)
+    def follower() -> None:
+        for x in client.logs(job.id, follow=True):
+            got.put(x.text)
+        got.put(None)  # the follow ended
+
+    t = threading.Thread(target=follower, daemon=True)
     t.start()
-    start = time.monotonic()
-    followed = [x.text for x in client.logs(job.id, follow=True)]
-    t.join()
-    assert followed == ["line 1", "oops", "line 2"]
-    assert time.monotonic() - start < 5
-    assert [x.text for x in client.logs(job.id, attempt=1)] == followed
+    assert [got.get(timeout=5), got.get(timeout=5)] == ["line 1", "oops"]  # what was there
+    time.sleep(1.5)  # longer than one blocking read (1 s): a follow that gave up is over now
+    assert got.empty() and t.is_alive()  # still following: the job has not ended
+    # the follow has begun: a line written now arrives while the job still runs
+    client.store.append_logs(job.id, 1, [("out", "line 2")], time.time())
+    assert got.get(timeout=5) == "line 2"
+    assert t.is_alive()
+    exit_(client, job.id, 0)
+    assert got.get(timeout=5) is None  # the job ended: the follow stops
+    t.join(5)
+    assert [x.text for x in client.logs(job.id, attempt=1)] == ["line 1", "oops", "line 2"]
 
 
 # -- explain, nodes -------------------------------------------------------------------------------
