@@ -1,7 +1,8 @@
 """The control loop around the pure cycle: triggers, the one-cycle-at-a-time lock.
 
-Submit, job end and node join call :func:`trigger_cycle`; it marks the queue dirty and sends
-at most one ``spillway.cycle`` task at a time. The task holds a Redis lock while it runs and
+Submit, job end and node join call :func:`trigger_cycle` (:func:`broker.commands.trigger_cycle`
+in processes without a Runtime); it marks the queue dirty and sends at most one
+``spillway.cycle`` task at a time. The task holds a Redis lock while it runs and
 loops while the queue was dirtied meanwhile, so a trigger is never lost and cycles never
 interleave. A periodic beat runs the cycle too, as a safety net.
 """
@@ -11,28 +12,23 @@ from __future__ import annotations
 import logging
 import time
 
+from broker import commands
 from broker.actuator import apply_plan
+from broker.commands import DIRTY, QUEUED
 from broker.plan import Applied
 from broker.runtime import Runtime
-from broker.scheduler import run_cycle
+from broker.scheduler import Memory, run_cycle
 from policies.registry import PolicySet
 
 log = logging.getLogger(__name__)
 
-DIRTY = "sw:cycle:dirty"
-QUEUED = "sw:cycle:queued"
 LOCK = "sw:cycle:lock"
 STATS = "sw:cycle:stats"
 
 
 def trigger_cycle(rt: Runtime) -> None:
     """Ask for a scheduling cycle soon. Cheap; coalesces bursts of triggers into one task."""
-    pipe = rt.redis.pipeline(transaction=False)
-    pipe.set(DIRTY, 1)
-    pipe.set(QUEUED, 1, nx=True, ex=30)
-    _, queued = pipe.execute()
-    if queued:
-        rt.celery.tasks["spillway.cycle"].apply_async()
+    commands.trigger_cycle(rt.celery, rt.redis)
 
 
 def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 100) -> int:
@@ -56,13 +52,24 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
     return started
 
 
+_MEMORIES: dict[int, tuple[Runtime, Memory]] = {}  # the scheduler's caches, per runtime
+
+
+def _memory(rt: Runtime) -> Memory:
+    """The caches this process keeps across its cycles (policies/cycle.py ``Memory``)."""
+    kept = _MEMORIES.get(id(rt))
+    if kept is None or kept[0] is not rt:
+        kept = _MEMORIES[id(rt)] = (rt, Memory())
+    return kept[1]
+
+
 def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, bool]:
     """Snapshot, plan, apply. Returns what was applied and whether a trigger arrived meanwhile
     (read and cleared in the same round trip as the cycle's statistics)."""
     t0 = time.perf_counter()
     snap = rt.store.snapshot(time.time())
     t1 = time.perf_counter()
-    plan = run_cycle(snap, policies or PolicySet.named(rt.config.policy))
+    plan = run_cycle(snap, policies or PolicySet.named(rt.config.policy), memory=_memory(rt))
     t2 = time.perf_counter()
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()

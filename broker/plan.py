@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
-from broker.model import Allocation, Job, Node, PriorityClass, Reason, Team
+from broker.model import (
+    Allocation,
+    Instance,
+    Job,
+    Node,
+    Offer,
+    PriorityClass,
+    Reason,
+    Site,
+    Team,
+)
 from broker.state import EvictionKind
 
 
@@ -35,6 +45,15 @@ class Snapshot:
     half_life_s: float = 7 * 86400.0
     min_runtime_s: float = 600.0
     grace_s: float = 30.0
+    # room for the cloud, money and carbon: all empty on an on-prem cluster (the cloud, budget
+    # and carbon issues fill them)
+    sites: tuple[Site, ...] = ()  # the sites capacity may come from (on-prem and clouds)
+    offers: tuple[Offer, ...] = ()  # cloud capacity that could be rented now
+    instances: tuple[Instance, ...] = ()  # cloud machines rented, in every state
+    budgets: Mapping[str, float] = field(default_factory=dict)  # team -> $ cap, this window
+    spend: Mapping[str, float] = field(default_factory=dict)  # team -> $ spent, this window
+    prices: Mapping[str, float] = field(default_factory=dict)  # offer id -> $/hour now
+    carbon: Mapping[str, float] = field(default_factory=dict)  # carbon zone -> gCO2e/kWh now
 
     @cached_property
     def team_by_name(self) -> dict[str, Team]:

@@ -17,6 +17,7 @@ strict), the rest of the queue waits in one step; only jobs that need no GPU are
 from __future__ import annotations
 
 from broker.model import Allocation, Job, Reason
+from broker.model.fit import wanted_kinds
 from policies import reasons
 from policies.cycle import Cycle
 from policies.registry import register
@@ -39,7 +40,7 @@ def place_queue(cycle: Cycle) -> None:
             cycle.pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
             continue
         res = job.res
-        if not index.feasible_ever(res):
+        if not index.feasible_ever(res) and not _an_offer_holds(cycle, job):
             cycle.pending[job.id] = reasons.infeasible(res)
             continue
         long = False
@@ -65,6 +66,16 @@ def place_queue(cycle: Cycle) -> None:
                 evictor.head_blocked(cycle, job)
             continue
         failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
+
+
+def _an_offer_holds(cycle: Cycle, job: Job) -> bool:
+    """Could a cloud offer hold the job (one instance a node)? Then it is feasible, even if no
+    live node could: the burst policy decides whether to rent."""
+    offers = cycle.snap.offers
+    if not offers or ("onprem" in job.spec.sites and len(job.spec.sites) == 1):
+        return False
+    kinds = {(o.gpu_model, None) for o in offers if o.gpu_count >= job.res.gpus}
+    return bool(wanted_kinds(job.res, kinds)) or (job.res.gpus == 0)
 
 
 def _may_use_reserved(cycle: Cycle, job: Job) -> object:
@@ -100,19 +111,25 @@ def _wait_behind(cycle: Cycle, rest: list[Job], strict: bool, full: bool) -> Non
     wait = reasons.FIFO if strict else reasons.FULL
     if not full:  # strict order with GPUs free: every later job waits for the head
         cycle.pending.update((j.id, reasons.FIFO) if index.feasible_ever(j.res)
+                             or _an_offer_holds(cycle, j)
                              else (j.id, reasons.infeasible(j.res)) for j in rest)
         cycle.blocked.extend(rest)
         return
-    feasible, known = index.feasible_ever, index.feasible_memo  # (inlined: long tails)
-    ok = [j for j in rest if j.res.gpus and (known.get(j.res.key) or feasible(j.res))]
+    offers = bool(cycle.snap.offers)
+
+    def feasible(j: Job) -> bool:
+        return index.feasible_ever(j.res) or (offers and _an_offer_holds(cycle, j))
+
+    known = {} if offers else index.feasible_memo  # (inlined: long tails)
+    ok = [j for j in rest if j.res.gpus and (known.get(j.res.key) or feasible(j))]
     cycle.pending.update(dict.fromkeys([j.id for j in ok], wait))
     cycle.blocked.extend(ok)
     if len(ok) == len(rest):
         return
     for j in rest:  # jobs that need no GPU may still start (not in strict order)
-        if j.res.gpus and feasible(j.res):
+        if j.res.gpus and feasible(j):
             continue
-        if not feasible(j.res):
+        if not feasible(j):
             cycle.pending[j.id] = reasons.infeasible(j.res)
             continue
         allocs = None if strict else cycle.placer.place(cycle, j, cycle.now)

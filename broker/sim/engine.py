@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.config import CLUSTER_CONFIG_KEYS, Config
+from broker.errors import ConfigError
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
@@ -187,6 +188,11 @@ class Simulation:
             return
         snap = self.store.snapshot(now)
         plan: Plan = run_cycle(snap, self.policy, now, self.memory)
+        if plan.launches or plan.terminations:  # refused, not dropped: no cloud here yet
+            raise ConfigError(
+                f"policy {self.policy.name!r} planned {len(plan.launches)} launch(es) and "
+                f"{len(plan.terminations)} termination(s), but this simulation has no cloud "
+                "provisioner: give the cluster cloud sites, or choose a burst policy of none")
         self.cycles += 1
         applied = self.store.apply(plan, now)
         for job in applied.started:
