@@ -22,7 +22,7 @@ from broker.config import Config
 from broker.errors import Conflict, JobNotFound, NodeNotFound, StaleAttempt
 from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Applied, Plan, Reservation, Snapshot
-from broker.state import ACTIVE, JobState
+from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import JobEvent
 from policies.predictor import RuntimePredictor
@@ -38,6 +38,28 @@ class LogLine:
     time: float
     stream: str  # "out" or "err"
     text: str
+
+
+@dataclass(frozen=True)
+class QueueOrder:
+    """The pending queue as the last scheduling cycle ranked it (jobs it started left out).
+
+    ``ids`` holds the first :data:`ORDER_CAP` of them; ``total`` counts them all; ``at`` is
+    when the cycle's Plan was applied."""
+
+    ids: tuple[str, ...]
+    total: int
+    at: float
+
+    def position(self, job_id: str) -> int | None:
+        """1-based place of ``job_id``; None if the cycle did not rank it (or past the cap)."""
+        try:
+            return self.ids.index(job_id) + 1
+        except ValueError:
+            return None
+
+
+ORDER_CAP = 10_000  # queue positions recorded per cycle (one value, rewritten each cycle)
 
 
 def new_job_id() -> str:
@@ -108,6 +130,13 @@ class BaseStore(ABC):
 
     @abstractmethod
     def _get_reservation(self) -> str | None: ...
+
+    @abstractmethod
+    def _put_order(self, ids: Sequence[str], at: float) -> None:
+        """Replace the recorded queue order (one value: the first ORDER_CAP ids, the count)."""
+
+    @abstractmethod
+    def _get_order(self) -> QueueOrder | None: ...
 
     @abstractmethod
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
@@ -252,8 +281,9 @@ class BaseStore(ABC):
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
         return self._update(job_id, T.cancel, now, reason)
 
-    def preempt(self, job_id: str, attempt: int, now: float, reason: str) -> Job:
-        return self._update(job_id, T.preempt, attempt, now, reason)
+    def preempt(self, job_id: str, attempt: int, now: float, reason: str,
+                kind: EvictionKind = EvictionKind.PRIORITY) -> Job:
+        return self._update(job_id, T.preempt, attempt, now, reason, kind)
 
     def check_attempt(self, job_id: str, attempt: int) -> Job:
         """Return the job if ``attempt`` is its current, active attempt; else StaleAttempt."""
@@ -305,13 +335,16 @@ class BaseStore(ABC):
                     skipped.append((change.job.id, status))
         for pre in plan.preemptions:
             try:
-                stopping.append(self.preempt(pre.job_id, pre.attempt, now, pre.reason))
+                stopping.append(self.preempt(pre.job_id, pre.attempt, now, pre.reason,
+                                                pre.kind))
             except (StaleAttempt, JobNotFound) as e:
                 skipped.append((pre.job_id, str(e)))
         raced = {job_id: Reason("Resources", f"its placement raced with another change ({why});"
                                               " retried next cycle")
                  for job_id, why in skipped if job_id not in plan.pending}
         self._record_reasons({**plan.pending, **raced})
+        gone = {j.id for j in started}
+        self._put_order([i for i in plan.order if i not in gone] if gone else plan.order, now)
         res = json.dumps(plan.reservation.to_dict()) if plan.reservation else None
         if res != self._last_reservation:
             self._put_reservation(res)
@@ -330,6 +363,22 @@ class BaseStore(ABC):
     def explain(self, job_id: str) -> Reason | None:
         """Why a job is pending (None once it is not)."""
         return self.get(job_id).pending_reason
+
+    def last_order(self) -> QueueOrder | None:
+        """The pending queue as the last applied Plan ranked it (``Plan.order`` less the jobs
+        it started), and when; None if no Plan was ever applied."""
+        return self._get_order()
+
+    def queue_position(self, job_id: str) -> tuple[int | None, int, float] | None:
+        """(1-based place in the last cycle's queue or None if unranked, queue length, time of
+        that cycle); None if no Plan was ever applied."""
+        order = self._get_order()
+        return None if order is None else (order.position(job_id), order.total, order.at)
+
+    def reservation(self) -> Reservation | None:
+        """The reservation the last applied Plan made (EASY backfill), if any."""
+        raw = self._get_reservation()
+        return Reservation.from_dict(json.loads(raw)) if raw else None
 
     # -- nodes ---------------------------------------------------------------------------------
 

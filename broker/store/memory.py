@@ -10,7 +10,7 @@ from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import BY_AGE, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
-from broker.store.base import BUSY, DEAD, OK, VERSION, BaseStore, LogLine
+from broker.store.base import BUSY, DEAD, OK, ORDER_CAP, VERSION, BaseStore, LogLine, QueueOrder
 from broker.store.transitions import Change
 
 
@@ -31,6 +31,7 @@ class MemoryStore(BaseStore):
         self._usage: dict[str, tuple[float, float]] = {}
         self._runtimes: list[tuple[str, str, int, float, float]] = []
         self._reservation: str | None = None
+        self._queue_order: QueueOrder | None = None
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -56,6 +57,12 @@ class MemoryStore(BaseStore):
 
     def _get_reservation(self) -> str | None:
         return self._reservation
+
+    def _put_order(self, ids: Sequence[str], at: float) -> None:
+        self._queue_order = QueueOrder(tuple(ids[:ORDER_CAP]), len(ids), at)
+
+    def _get_order(self) -> QueueOrder | None:
+        return self._queue_order
 
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:

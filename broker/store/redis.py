@@ -14,6 +14,8 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     usage                 HASH   team -> JSON [decayed GPU-seconds, as of time]
     runtimes              STREAM s (JSON [team, name, GPUs, limit, runtime]) of finished jobs
     reservation           STRING JSON of the reservation the last cycle made (EASY backfill)
+    order                 STRING the last cycle's queue: "<time> <count>\n" then the first
+                                 ORDER_CAP job ids, space-separated (rewritten each cycle)
 
 Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
 in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a
@@ -33,7 +35,7 @@ from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
-from broker.store.base import BaseStore, LogLine
+from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
 from broker.store.transitions import Change
 
 LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
@@ -184,6 +186,7 @@ class RedisStore(BaseStore):
         self._k_usage, self._k_runtimes, self._k_reservation = (
             f"{p}usage", f"{p}runtimes", f"{p}reservation")
         self._usage_script = self.redis.register_script(_ADD_USAGE)
+        self._k_order = f"{p}order"
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
@@ -412,6 +415,18 @@ class RedisStore(BaseStore):
     def _get_reservation(self) -> str | None:
         raw = self.redis.get(self._k_reservation)
         return None if raw is None else _str(raw)
+
+    def _put_order(self, ids: Sequence[str], at: float) -> None:
+        head = f"{float(at)!r} {len(ids)}\n"
+        self.redis.set(self._k_order, head + " ".join(ids[:ORDER_CAP]))
+
+    def _get_order(self) -> QueueOrder | None:
+        raw = self.redis.get(self._k_order)
+        if raw is None:
+            return None
+        head, _, body = _str(raw).partition("\n")
+        at, total = head.split()
+        return QueueOrder(tuple(body.split()), int(total), float(at))
 
     # -- logs ----------------------------------------------------------------------------------
 

@@ -661,6 +661,33 @@ def test_reasons_written_by_apply_and_cleared_when_started(store: BaseStore) -> 
         store.explain("j-missing")
 
 
+def test_apply_records_the_queue_order_less_the_jobs_it_started(store: BaseStore) -> None:
+    assert store.last_order() is None and store.queue_position("j-any") is None
+    live(store, node(gpus=1))
+    a, b, c = (store.submit(spec(), T0 + i) for i in range(3))
+    why = Reason("Resources", "waiting for 1 GPU(s)")
+    store.apply(Plan(starts=(start_of(a, ("n1", ["n1-g0"])),), pending={b.id: why, c.id: why},
+                     order=(a.id, c.id, b.id)), T0 + 5)
+    order = store.last_order()
+    assert order is not None and (order.ids, order.total, order.at) == ((c.id, b.id), 2, T0 + 5)
+    assert store.queue_position(b.id) == (2, 2, T0 + 5)
+    assert store.queue_position(a.id) == (None, 2, T0 + 5)  # it started: no longer queued
+    store.apply(Plan(), T0 + 6)  # a cycle that ranked nothing replaces the record
+    assert store.queue_position(b.id) == (None, 0, T0 + 6)
+
+
+def test_the_recorded_order_keeps_the_first_order_cap_ids_and_counts_all(
+        store: BaseStore) -> None:
+    from broker.store.base import ORDER_CAP
+
+    ids = tuple(f"j-{i:06d}" for i in range(ORDER_CAP + 5))
+    store.apply(Plan(order=ids), T0)
+    order = store.last_order()
+    assert order is not None and order.total == ORDER_CAP + 5 and order.ids == ids[:ORDER_CAP]
+    assert store.queue_position(ids[ORDER_CAP - 1]) == (ORDER_CAP, ORDER_CAP + 5, T0)
+    assert store.queue_position(ids[ORDER_CAP]) == (None, ORDER_CAP + 5, T0)
+
+
 # -- backend specifics ------------------------------------------------------------------------
 
 
@@ -686,7 +713,7 @@ def test_redis_keys_stay_under_the_prefix(redis_client, redis_prefix) -> None:  
             if k.decode().startswith(redis_prefix)}
     assert keys == {redis_prefix + k for k in (
         f"job:{job.id}", "jobs:all", "jobs:active", "nodes", "nodes:seq", "node:n1", "alloc:n1",
-        "reasons", "ver:active",
+        "reasons", "ver:active", "order",
         f"logs:{job.id}:1")}
     assert other.list_jobs() == [] and other.nodes() == []
     assert 0 < redis_client.ttl(f"{redis_prefix}logs:{job.id}:1") <= 7 * 86400
@@ -773,5 +800,7 @@ def test_the_reservation_survives_from_one_cycle_to_the_next(store: BaseStore) -
     res = Reservation("j-x", T0 + 60, ("n1",), "A100-80GB", scavengers=("j-y",))
     store.apply(Plan(reservation=res), T0)
     assert store.snapshot(T0 + 1).reservation == res
+    assert store.reservation() == res
     store.apply(Plan(), T0 + 2)
     assert store.snapshot(T0 + 3).reservation is None
+    assert store.reservation() is None
