@@ -12,10 +12,11 @@ import statistics
 import time
 from typing import Any
 
+from broker import commands
 from broker.config import DEFAULT_CLASSES
 from broker.model import Allocation, Gpu, Job, JobSpec, Node
 from broker.plan import Snapshot
-from broker.scheduler import run_cycle
+from broker.scheduler import Memory, run_cycle
 from broker.state import JobState
 from broker.waiting import poll_until
 
@@ -76,9 +77,10 @@ def bench_cycle(pending: int = 10000, nodes: int = 1000, gpus_per_node: int = 8,
     snap = synthetic_snapshot(pending, nodes, gpus_per_node, seed)
     times: list[float] = []
     starts = 0
+    memory = Memory()  # kept across cycles, as the scheduler keeps it
     for _ in range(cycles):
         t0 = time.perf_counter()
-        plan = run_cycle(snap, policies)
+        plan = run_cycle(snap, policies, memory=memory)
         times.append((time.perf_counter() - t0) * 1000)
         starts = len(plan.starts)
     extra = _store_cycle(snap, cycles, policy) if store else {}
@@ -247,12 +249,11 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
                             - j.submitted_at) * 1000 for j in final if j is not None)
 
         # 3. raw Celery: no-op tasks through one agent's queue (same process type, same Redis)
-        ping = client.celery.tasks["spillway.ping"]
         queue = "node.bench-0"
         n = jobs
         t1 = time.perf_counter()
         for i in range(n):
-            ping.apply_async(args=[i], queue=queue)
+            commands.ping(client.celery, queue, i)
         poll_until(lambda: client.store_redis.llen(queue) == 0, 300, "ping tasks to drain")
         celery_rate = n / (time.perf_counter() - t1)
         return {
