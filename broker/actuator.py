@@ -1,45 +1,64 @@
-"""Apply a Plan: compare-and-set writes to the store, then commands to the nodes' queues.
+"""Apply a Plan: compare-and-set writes to the store, then commands (broker/commands.py).
 
 Safe to run twice on the same Plan: the store skips starts whose job already moved on, so a
 start command is only sent for what this call actually changed.
+
+Launches and terminations go on the ``provision`` queue. A cluster with no cloud provider
+configured (no ``providers:`` in its config) cannot carry them out: a Plan that asks for them
+is refused whole, before anything is written, rather than applied without them.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Iterable
 
-from broker.app import node_queue
-from broker.model import Job
+from broker import commands
+from broker.config import Config
+from broker.errors import ConfigError
 from broker.plan import Applied, Plan
 from broker.runtime import Runtime
 
 
+class NoProvisioner(ConfigError):
+    """A Plan asks for cloud capacity (launches or terminations) but no cloud provider is
+    configured. Nothing of the Plan was applied."""
+
+    def __init__(self, launches: int, instances: int, terminations: int) -> None:
+        self.launches, self.instances, self.terminations = launches, instances, terminations
+        asks = []
+        if launches:
+            asks.append(f"launch {instances} instance(s) in {launches} request(s)")
+        if terminations:
+            asks.append(f"terminate {terminations} instance(s)")
+        super().__init__(
+            f"the plan asks to {' and to '.join(asks)}, but no cloud provider is configured; "
+            "configure `providers:` in the config file, or select a policy that does not "
+            "burst. Nothing of this plan was applied"
+        )
+
+
+def provisioning_configured(config: Config) -> bool:
+    """Whether the config names cloud providers (the ``providers:`` key of the file)."""
+    return bool(config.extra.get("providers"))
+
+
+def check_provisioning(plan: Plan, config: Config) -> None:
+    """NoProvisioner if ``plan`` launches or terminates instances and nothing could."""
+    if (plan.launches or plan.terminations) and not provisioning_configured(config):
+        raise NoProvisioner(len(plan.launches), sum(x.count for x in plan.launches),
+                            sum(len(x.instance_ids) for x in plan.terminations))
+
+
 def apply_plan(rt: Runtime, plan: Plan) -> Applied:
+    check_provisioning(plan, rt.config)  # before the store sees any of it
     applied = rt.store.apply(plan, now=time.time())
-    send_starts(rt, applied.started)
-    send_stops(rt, applied.stopping)
+    commands.start_jobs(rt.celery, applied.started)
+    grace = {p.job_id: p.grace_s for p in plan.preemptions}
+    for job in applied.stopping:  # each with the grace its preemption asked for
+        commands.stop_jobs(rt.celery, [job], grace.get(job.id, rt.config.grace_s))
+    for launch in plan.launches:
+        commands.launch(rt.celery, launch.offer_id, launch.count, launch.request_id,
+                        launch.for_jobs)
+    for term in plan.terminations:
+        commands.terminate(rt.celery, term.instance_ids, term.reason)
     return applied
-
-
-def send_starts(rt: Runtime, jobs: Iterable[Job]) -> None:
-    """One ``start_jobs`` message per node per cycle, carrying (job id, attempt) pairs."""
-    by_node: dict[str, list[list[object]]] = defaultdict(list)
-    for job in jobs:
-        for a in job.allocations:
-            by_node[a.node_id].append([job.id, job.attempt])
-    task = rt.celery.tasks["spillway.start_jobs"]
-    for node_id, items in by_node.items():
-        task.apply_async(args=[items], queue=node_queue(node_id))
-
-
-def send_stops(rt: Runtime, jobs: Iterable[Job], grace_s: float | None = None) -> None:
-    """Tell every node of each job to stop its part (SIGTERM, grace, SIGKILL)."""
-    grace = rt.config.grace_s if grace_s is None else grace_s
-    task = rt.celery.tasks["spillway.stop_job"]
-    for job in jobs:
-        exited = {r for r, _ in job.parts_exited}
-        for a in job.allocations:
-            if a.rank not in exited:
-                task.apply_async(args=[job.id, job.attempt, grace], queue=node_queue(a.node_id))

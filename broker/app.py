@@ -1,7 +1,10 @@
 """The Celery app. Messages carry commands (ids), never state; JSON only.
 
 Queues: ``control`` (scheduling cycle, reconciler; consumed by ``spillway scheduler``),
-``node.<id>`` (start/stop commands for one worker agent), ``provision`` (cloud launches, later).
+``node.<id>`` (start/stop commands for one worker agent), ``provision`` (cloud launches and
+terminations; nothing consumes it yet). :mod:`broker.commands` sends every message, by name;
+a process registers only the tasks of the queues it consumes (:mod:`broker.tasks` for
+``control``, :mod:`workers.tasks` for ``node.<id>``), so the app includes no task module.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from celery import Celery
 from broker.config import Config
 
 CONTROL_QUEUE = "control"
+PROVISION_QUEUE = "provision"
 
 
 def node_queue(node_id: str) -> str:
     return f"node.{node_id}"
 
 
-app = Celery("spillway", include=["broker.tasks"])
+app = Celery("spillway")
 
 
 def configure(celery: Celery, redis_url: str, config: Config | None = None) -> Celery:
@@ -63,6 +67,6 @@ def configure(celery: Celery, redis_url: str, config: Config | None = None) -> C
     return celery
 
 
-# `celery -A broker.app` works when SPILLWAY_REDIS_URL is set.
+# `celery -A broker.tasks worker -Q control` works when SPILLWAY_REDIS_URL is set.
 if os.environ.get("SPILLWAY_REDIS_URL"):
     configure(app, os.environ["SPILLWAY_REDIS_URL"])

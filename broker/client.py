@@ -25,15 +25,14 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker.actuator import send_stops
+from broker import commands
 from broker.app import configure
 from broker.config import Config, load_config
-from broker.control import STATS, trigger_cycle
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
-from broker.store.base import BaseStore, LogLine
+from broker.store.base import BaseStore, LogLine, QueueOrder
 
 __all__ = ["Client", "Explanation", "JobTimeout", "NodeView"]
 
@@ -67,20 +66,24 @@ class Explanation:
     sla_breached: bool  # pending longer than its class accepts
     reason_code: str
     message: str
-    position: int | None = None  # 1-based place among pending jobs, in scheduling order
+    # 1-based place in the pending queue as the last scheduling cycle ranked it (None: that
+    # cycle did not rank it, e.g. it was submitted since), the queue's length then, and when
+    # that cycle ran. Read from the store, never recomputed here.
+    position: int | None = None
     pending_total: int | None = None
+    ranked_at: float | None = None
     placement: tuple[Allocation, ...] = ()
     exit_code: int | None = None
     history: tuple[HistoryEntry, ...] = ()  # the last few entries
-    policy: str = ""  # the policy bundle that orders the queue
-    estimate_s: float | None = None  # runtime the scheduler expects (predictor or limit)
-    fairshare: float | None = None  # the team's fair-share factor (1: no recent usage)
+    policy: str = ""  # the policy bundle this client's config names
+    team_usage_gpu_s: float | None = None  # the team's past GPU-seconds, decayed to now (what
+    #                                        fair share weighs; 0: no recent usage)
     reservation: Mapping[str, Any] | None = None  # the reservation it holds, if any
     blocked_by: Mapping[str, Any] | None = None  # the reservation that holds it back
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "policy": self.policy, "estimate_s": self.estimate_s, "fairshare": self.fairshare,
+            "policy": self.policy, "team_usage_gpu_s": self.team_usage_gpu_s,
             "reservation": dict(self.reservation) if self.reservation else None,
             "blocked_by": dict(self.blocked_by) if self.blocked_by else None,
             "job_id": self.job_id, "name": self.name, "state": self.state.value,
@@ -88,7 +91,7 @@ class Explanation:
             "sla_s": self.sla_s, "attempt": self.attempt, "waited_s": round(self.waited_s, 3),
             "sla_breached": self.sla_breached, "reason_code": self.reason_code,
             "message": self.message, "position": self.position,
-            "pending_total": self.pending_total,
+            "pending_total": self.pending_total, "ranked_at": self.ranked_at,
             "placement": [{"node_id": a.node_id, "gpu_ids": list(a.gpu_ids), "rank": a.rank}
                           for a in self.placement],
             "exit_code": self.exit_code,
@@ -209,6 +212,10 @@ class Client:
             configure(self._rt.celery, self.redis_url, self.config)
         return self._rt
 
+    def _trigger(self) -> None:
+        rt = self._point_celery()
+        commands.trigger_cycle(rt.celery, rt.redis)
+
     # -- jobs ------------------------------------------------------------------------------------
 
     def _spec(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> JobSpec:
@@ -229,7 +236,7 @@ class Client:
         """Validate and queue one job; returns it PENDING. SpecError stores nothing."""
         checked = self._spec(spec, fields)
         job = self.store.submit(checked, now=time.time())
-        trigger_cycle(self._point_celery())
+        self._trigger()
         return job
 
     def submit_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> builtins.list[Job]:
@@ -247,7 +254,7 @@ class Client:
         if not checked:
             return []
         jobs = self.store.submit_many(checked, now=time.time())
-        trigger_cycle(self._point_celery())
+        self._trigger()
         return jobs
 
     def get(self, job_id: str) -> Job:
@@ -265,7 +272,7 @@ class Client:
         SIGKILL). Cancelling a finished job changes nothing and returns it."""
         job = self.store.cancel(job_id, now=time.time())
         if job.state is JobState.STOPPING:
-            send_stops(self._point_celery(), [job])
+            commands.stop_jobs(self._point_celery().celery, [job], self.config.grace_s)
         return job
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.2) -> Job:
@@ -307,7 +314,8 @@ class Client:
 
     def explain(self, job_id: str) -> Explanation:
         """Why the job is in its state: its class and SLA, how long it waited, the scheduler's
-        reason, its place in the queue, and how it ended if it did."""
+        reason and its place in the queue (both as the last cycle recorded them in the store),
+        and how it ended if it did. Reads the store only; nothing is recomputed here."""
         now = time.time()
         job = self.get(job_id)
         cls = self.config.priority(job.priority)
@@ -320,57 +328,48 @@ class Client:
             started = job.attempts[-1].started_at if job.attempts else None
             end = started if started is not None else (job.finished_at or now)
             waited = max(0.0, end - queued_at)
-        position = total = None
         extra: dict[str, Any] = {"policy": self.config.policy}
         if job.state is JobState.PENDING:
-            reason = self.store.explain(job_id) or job.pending_reason or self._no_reason(now)
-            position, total, extra = self._position(job, now)
+            order = self.store.last_order()
+            reason = job.pending_reason or self._no_reason(order, now)
+            if order is not None:
+                extra.update(position=order.position(job.id), pending_total=order.total,
+                             ranked_at=order.at)
+            extra.update(self._context(job, reason, now))
         else:
             reason = _state_reason(job, now)
         return Explanation(
             job_id=job.id, name=job.name, state=job.state, team=job.team, priority=job.priority,
             rank=rank, sla_s=sla, attempt=job.attempt, waited_s=waited,
             sla_breached=job.state is JobState.PENDING and waited > sla,
-            reason_code=reason.code, message=reason.message, position=position,
-            pending_total=total, placement=job.allocations, exit_code=job.exit_code,
-            history=job.history[-8:], **extra,
+            reason_code=reason.code, message=reason.message, placement=job.allocations,
+            exit_code=job.exit_code, history=job.history[-8:], **extra,
         )
 
-    def _no_reason(self, now: float) -> Reason:
-        last = self._rt.redis.hget(STATS, "at")
-        if last is None:
+    def _no_reason(self, order: QueueOrder | None, now: float) -> Reason:
+        """A pending job without a recorded reason: has a cycle run lately?"""
+        if order is None:
             return Reason("NotScheduledYet", "no scheduling cycle has run on this cluster yet; "
                                              "is `spillway scheduler` running?")
-        age = now - float(last)
+        age = now - order.at
         if age > max(10.0, 5 * self.config.cycle_s):
             return Reason("SchedulerIdle", f"the last scheduling cycle ran {age:.0f}s ago; "
                                            "is `spillway scheduler` still running?")
         return Reason("NotScheduledYet", "submitted moments ago; the next scheduling cycle "
                                          "will consider it")
 
-    def _position(self, job: Job, now: float) -> tuple[int | None, int, dict[str, Any]]:
-        """Replay the cycle, read-only, on the current state: the job's place in the queue,
-        its estimate, its team's fair share and the reservation it holds or waits behind."""
-        from broker.scheduler import run_cycle, runtime_estimate
-        from policies.fairshare import fairshare_factors
-        from policies.registry import PolicySet
-
-        policy = PolicySet.named(self.config.policy)
-        snap = self.store.snapshot(now)
-        plan = run_cycle(snap, policy, now, explain=True)
-        ids = list(plan.order)
-        extra: dict[str, Any] = {"policy": policy.name}
-        target = next((j for j in snap.pending if j.id == job.id), job)
-        est = runtime_estimate(snap, policy, target)
-        extra["estimate_s"] = est if est != float("inf") else None
-        extra["fairshare"] = round(fairshare_factors(snap).get(job.team, 1.0), 4)
-        res = plan.reservation
+    def _context(self, job: Job, reason: Reason, now: float) -> dict[str, Any]:
+        """What the store keeps that bears on a pending job: the reservation it holds or waits
+        behind, and its team's decayed usage (what fair share weighs)."""
+        out: dict[str, Any] = {"team_usage_gpu_s": round(self.store.usage(now).get(job.team,
+                                                                                     0.0), 1)}
+        res = self.store.reservation()
         if res is not None:
             if res.job_id == job.id:
-                extra["reservation"] = res.to_dict()
-            elif plan.pending.get(job.id, Reason("", "")).code == "Reservation":
-                extra["blocked_by"] = res.to_dict()
-        return (ids.index(job.id) + 1 if job.id in ids else None), len(ids), extra
+                out["reservation"] = res.to_dict()
+            elif reason.code == "Reservation":
+                out["blocked_by"] = res.to_dict()
+        return out
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -381,7 +380,7 @@ class Client:
     def resume(self, node_id: str) -> Node:
         """Let a drained node take jobs again, and schedule at once."""
         node = self.store.set_node_state(node_id, NodeState.READY)
-        trigger_cycle(self._point_celery())
+        self._trigger()
         return node
 
     def nodes(self) -> builtins.list[NodeView]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from broker.actuator import send_starts, send_stops
-from broker.control import trigger_cycle
+from broker import commands
 from broker.runtime import Runtime
 from broker.state import JobState
 
@@ -24,7 +23,7 @@ def reconcile(rt: Runtime, now: float | None = None) -> dict[str, int]:
     if requeued:
         log.warning("requeued %d job(s) from dead nodes: %s", len(requeued),
                     ", ".join(j.id for j in requeued))
-        trigger_cycle(rt)
+        commands.trigger_cycle(rt.celery, rt.redis)
     stuck_after = 2 * rt.config.heartbeat_s
     snap = rt.store.snapshot(now)
     live = set(snap.node_by_id)
@@ -32,9 +31,9 @@ def reconcile(rt: Runtime, now: float | None = None) -> dict[str, int]:
              and j.history and now - j.history[-1].time > stuck_after
              and all(a.node_id in live for a in j.allocations)]
     if stuck:
-        send_starts(rt, stuck)
+        commands.start_jobs(rt.celery, stuck)
     stopping = [j for j in snap.active if j.state is JobState.STOPPING
                 and j.history and now - j.history[-1].time > stuck_after]
     if stopping:
-        send_stops(rt, stopping)
+        commands.stop_jobs(rt.celery, stopping, rt.config.grace_s)
     return {"requeued": len(requeued), "restarted": len(stuck), "restopped": len(stopping)}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import redis
+from celery import Celery
 
 from broker.app import app as celery_app
 from broker.app import configure
@@ -31,9 +32,9 @@ class Runtime:
         return redis.Redis.from_url(self.redis_url)
 
     @cached_property
-    def celery(self):  # type: ignore[no-untyped-def]
-        import broker.tasks  # noqa: F401  (registers the task names this process sends)
-
+    def celery(self) -> Celery:
+        """The process's Celery app, aimed at this cluster. Commands are sent by name
+        (broker.commands), so no task module needs importing here."""
         return configure(celery_app, self.redis_url, self.config)
 
 

@@ -25,6 +25,8 @@ IN_MEMORY_BEAT = "celery.beat:Scheduler"
 def run_scheduler(redis_url: str | None, config: Config, beat: bool = True,
                   loglevel: str = "WARNING", hostname: str | None = None) -> int:
     """Run the scheduler until SIGTERM or SIGINT (warm shutdown). Returns the exit code."""
+    import broker.tasks  # noqa: F401  (registers the control queue's tasks)
+
     rt = init_runtime(redis_url, config)
 
     worker = rt.celery.Worker(

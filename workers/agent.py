@@ -47,11 +47,11 @@ _DONE_MEMORY = 50_000  # ended parts remembered, so a late or repeated start is 
 
 
 class Agent:
-    """Runs the jobs the store assigns to one node (implements broker.tasks.NodeHandler)."""
+    """Runs the jobs the store assigns to one node (implements workers.tasks.NodeHandler)."""
 
     def __init__(self, store: BaseStore, config: Config, node: Node, work_dir: str,
-                 trigger: Callable[[], None] = lambda: None,
-                 send_stops: Callable[[Job], None] = lambda job: None) -> None:
+                 trigger: Callable[[], object] = lambda: None,
+                 send_stops: Callable[[Job], object] = lambda job: None) -> None:
         self.store, self.config, self.node = store, config, node
         self.node_id = node.id
         self._trigger, self._send_stops = trigger, send_stops
@@ -344,12 +344,13 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
               labels: dict[str, str] | None = None, site: str = "onprem",
               work_dir: str | None = None) -> int:
     """Run a worker agent until SIGTERM or SIGINT; then drain and return the exit code."""
-    from broker.actuator import send_stops
-    from broker.app import node_queue
-    from broker.control import trigger_cycle
-    from broker.runtime import init_runtime
-    from broker.tasks import set_node_handler
+    import redis
+
+    from broker import commands
+    from broker.app import app, configure, node_queue
+    from broker.store import open_store
     from workers.discovery import discover
+    from workers.tasks import set_node_handler  # registers this queue's tasks
 
     stop_requested = _early_signal_handlers()
     node_id = node_id or socket.gethostname()
@@ -361,14 +362,17 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     log.info("node %s: %d GPU devices: %s", node_id, len(found),
              ", ".join(f"{g.id} ({g.mig_profile or g.model})" for g in found) or "none")
     node = make_node(node_id, found, cpus, memory_gb, labels, site)
-    rt = init_runtime(redis_url, config)
+    celery = configure(app, redis_url, config)
+    store = open_store(redis_url, config)
+    control = redis.Redis.from_url(redis_url)  # the cycle trigger's keys
     work_dir = work_dir or os.path.join(os.path.expanduser(config.state_dir), "agent", node_id)
-    agent = Agent(rt.store, rt.config, node, work_dir, trigger=lambda: trigger_cycle(rt),
-                  send_stops=lambda job: send_stops(rt, [job]))
+    agent = Agent(store, config, node, work_dir,
+                  trigger=lambda: commands.trigger_cycle(celery, control),
+                  send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
     try:
         set_node_handler(agent)
         if agent.register(give_up=stop_requested) and not stop_requested.is_set():
-            _run_celery_worker(rt.celery, node_queue(node_id), node_id)
+            _run_celery_worker(celery, node_queue(node_id), node_id)
         log.info("node %s draining: %d job part(s) get %.0fs to end", node_id,
                  len(agent.sup.parts()), config.grace_s)
         _hard_stop_on_second_signal(agent)
@@ -382,6 +386,8 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     finally:
         set_node_handler(None)
         agent.close()
+        control.close()
+        getattr(store, "close", lambda: None)()
 
 
 def _early_signal_handlers() -> threading.Event:

@@ -149,15 +149,16 @@ def explanation_panel(e: Explanation) -> Group:
     if e.sla_breached:
         waited += " [red](longer than its class accepts)[/]"
     grid.add_row("waited", waited)
-    if e.position is not None:
-        grid.add_row("queue position", f"{e.position} of {e.pending_total} pending "
-                                       "(scheduling order)")
+    if e.state is JobState.PENDING and e.ranked_at is not None:
+        age = fmt_duration(max(0.0, time.time() - e.ranked_at))
+        place = (f"{e.position} of {e.pending_total} pending" if e.position is not None
+                 else f"not ranked yet ({e.pending_total} pending)")
+        grid.add_row("queue position", f"{place} (scheduling order, {e.policy} policy, as of "
+                                       f"the last cycle {age} ago)")
     grid.add_row("why", f"[bold]{escape(e.reason_code)}[/]: {escape(e.message)}")
-    if e.estimate_s is not None:
-        grid.add_row("expected runtime", f"{fmt_duration(e.estimate_s)} ({e.policy} policy)")
-    if e.fairshare is not None:
-        grid.add_row("team fair share", f"{e.fairshare:.3f} (1 = no recent usage; "
-                                        "0.5 = used exactly its share)")
+    if e.team_usage_gpu_s is not None:
+        grid.add_row("team usage", f"{e.team_usage_gpu_s / 3600:.1f} GPU-hours, decayed "
+                                   "(what fair share weighs)")
     for label, res in (("reservation", e.reservation), ("blocked by", e.blocked_by)):
         if res:
             grid.add_row(label, f"{res['job_id']}: {res['model']} on "

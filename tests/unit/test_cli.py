@@ -94,7 +94,8 @@ def test_submit_then_read_everything_as_json(url: str, tmp_path: Path) -> None:
 
     assert json.loads(cli("show", job_id, "--json", url=url)[1])["id"] == job_id
     explained = json.loads(cli("explain", job_id, "--json", url=url)[1])
-    assert explained["state"] == "PENDING" and explained["position"] == 1
+    assert explained["state"] == "PENDING" and explained["reason_code"] == "NotScheduledYet"
+    assert explained["position"] is None  # no cycle has ranked it: nothing is replayed here
     assert json.loads(cli("nodes", "--json", url=url)[1]) == []
     assert cli("logs", job_id, url=url)[0] == 0
 
@@ -110,6 +111,28 @@ def test_submit_then_read_everything_as_json(url: str, tmp_path: Path) -> None:
     assert json.loads(cli("queue", "--json", url=url)[1]) == []
     done = json.loads(cli("queue", "--all", "--state", "cancelled", "--json", url=url)[1])
     assert [j["id"] for j in done] == [job_id]
+
+
+def test_explain_shows_the_reason_and_position_the_last_cycle_recorded(url: str) -> None:
+    import time
+
+    from broker.model import Reason
+    from broker.plan import Plan
+    from broker.store import RedisStore
+
+    first, second = (cli("submit", "--gpus", "1", "true", url=url)[1].strip() for _ in range(2))
+    store = RedisStore(url)
+    try:
+        store.apply(Plan(pending={first: Reason("Resources", "waiting for 1 GPU(s)"),
+                                  second: Reason("Priority", "behind a higher class")},
+                         order=(second, first)), time.time())
+    finally:
+        store.close()
+    code, out, _ = cli("explain", first, url=url)
+    assert code == 0 and "2 of 2 pending" in out and "waiting for 1 GPU(s)" in out
+    explained = json.loads(cli("explain", second, "--json", url=url)[1])
+    assert (explained["position"], explained["pending_total"]) == (1, 2)
+    assert explained["reason_code"] == "Priority"
 
 
 def test_submit_from_a_file_with_overrides(url: str, tmp_path: Path) -> None:

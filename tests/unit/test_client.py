@@ -18,10 +18,12 @@ import pytest
 import redis
 
 from broker.client import Client, JobTimeout
+from broker.commands import QUEUED
 from broker.config import Config
-from broker.control import QUEUED, one_cycle
+from broker.control import one_cycle
 from broker.errors import ConfigError, JobNotFound, SpecError
-from broker.model import Gpu, JobSpec, Node
+from broker.model import Gpu, JobSpec, Node, Reason
+from broker.plan import Plan, Reservation
 from broker.state import JobState
 from broker.store.events import Exited, Started
 from tests.conftest import with_db
@@ -222,28 +224,78 @@ def test_explain_pending_running_and_finished(client: Client) -> None:
     e = client.explain(low.id)
     assert e.state is JobState.PENDING and e.reason_code == "NotScheduledYet"
     assert "spillway scheduler" in e.message
+    assert (e.position, e.pending_total, e.ranked_at) == (None, None, None)
 
     one_cycle(client._rt)  # no nodes at all
     e = client.explain(low.id)
-    assert e.reason_code == "NoFeasibleNode" and (e.position, e.pending_total) == (1, 1)
+    assert e.reason_code == "NoFeasibleNode"
     assert (e.priority, e.rank, e.sla_s) == ("low", 100, 24 * 3600) and not e.sla_breached
+    assert e.ranked_at is not None and time.time() - e.ranked_at < 60
+    assert e.team_usage_gpu_s == 0.0
 
     high = client.submit(command="true", priority="high", gpus=2)
-    assert (client.explain(high.id).position, client.explain(low.id).position) == (1, 2)
-
     add_node(client, count=2)
     one_cycle(client._rt)  # the high job takes both GPUs; the low one waits for them
     e = client.explain(low.id)
-    assert e.reason_code in ("Resources", "Priority") and e.position == 1
+    assert e.reason_code in ("Resources", "Priority")
     run(client, high.id)
     e = client.explain(high.id)
     assert e.state is JobState.RUNNING and e.reason_code == "Running"
     assert [a.node_id for a in e.placement] == ["n1"] and e.waited_s >= 0
+    assert e.position is None  # positions are for pending jobs
     exit_(client, high.id, 3)
     e = client.explain(high.id)
     assert e.state is JobState.FAILED and e.exit_code == 3 and "exit code 3" in e.message
     assert e.to_dict()["state"] == "FAILED"
     json.dumps(e.to_dict())
+
+
+def test_explain_reads_the_position_the_last_cycle_recorded(client: Client) -> None:
+    """Plans built by hand, applied through the store as the actuator does: explain reads
+    the reason, the position and the reservation back, and recomputes nothing."""
+    a, b, c = (client.submit(command="true", gpus=1) for _ in range(3))
+    why = Reason("Resources", "waiting for 1 GPU(s)")
+    res = Reservation(b.id, time.time() + 600, ("n1",), "A100-80GB")
+    before = time.time()
+    client.store.apply(Plan(pending={a.id: why, b.id: why,
+                                     c.id: Reason("Reservation", "behind b")},
+                            order=(b.id, c.id, a.id), reservation=res), time.time())
+    e = client.explain(b.id)
+    assert (e.position, e.pending_total, e.reason_code) == (1, 3, "Resources")
+    assert e.ranked_at is not None and e.ranked_at >= before
+    assert e.reservation == res.to_dict() and e.blocked_by is None
+    e = client.explain(c.id)
+    assert (e.position, e.reason_code) == (2, "Reservation")
+    assert e.blocked_by == res.to_dict() and e.reservation is None
+    e = client.explain(a.id)
+    assert (e.position, e.blocked_by) == (3, None)  # waiting for GPUs, not for b
+    d = client.submit(command="true", gpus=1)  # after the cycle: not ranked yet
+    e = client.explain(d.id)
+    assert (e.position, e.pending_total, e.reason_code) == (None, 3, "NotScheduledYet")
+    assert "moments ago" in e.message
+    out = e.to_dict()
+    assert {"position", "pending_total", "ranked_at", "team_usage_gpu_s"} <= set(out)
+    assert "estimate_s" not in out and "fairshare" not in out
+
+
+def test_explain_says_when_the_scheduler_went_quiet(client: Client) -> None:
+    job = client.submit(command="true", gpus=1)
+    client.store.apply(Plan(order=()), time.time() - 3600)  # the last cycle, an hour ago
+    e = client.explain(job.id)
+    assert e.reason_code == "SchedulerIdle" and "3600s ago" in e.message
+
+
+def test_a_real_cycle_records_queue_positions(client: Client) -> None:
+    low = client.submit(command="true", priority="low", gpus=1)
+    one_cycle(client._rt)  # no nodes at all
+    e = client.explain(low.id)
+    assert (e.position, e.pending_total) == (1, 1)
+    high = client.submit(command="true", priority="high", gpus=2)
+    one_cycle(client._rt)
+    assert (client.explain(high.id).position, client.explain(low.id).position) == (1, 2)
+    add_node(client, count=2)
+    one_cycle(client._rt)  # the high job starts: it leaves the recorded queue
+    assert (client.explain(low.id).position, client.explain(low.id).pending_total) == (1, 1)
 
 
 def test_nodes_show_free_gpus_and_jobs(client: Client) -> None:

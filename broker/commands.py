@@ -1,0 +1,135 @@
+"""Every Celery command Spillway sends, by name, and nothing else.
+
+Messages carry ids, never state (DESIGN.md, Convention 11): whoever consumes one re-reads the
+store. Commands are sent with ``send_task`` by name, so a sender needs no task code: the agent,
+the client, the actuator and the reconciler import this module, and only the process that
+consumes a queue registers the tasks for it (``broker.tasks`` in ``spillway scheduler`` for
+``control``, ``workers.tasks`` in a worker agent for ``node.<id>``; nothing consumes
+``provision`` yet).
+
+This module imports Celery and :mod:`broker.app` only; a Redis client is passed in where a
+command needs one (the cycle trigger), and jobs are anything shaped like one
+(:class:`PlacedJob`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from celery import Celery
+
+from broker.app import CONTROL_QUEUE, PROVISION_QUEUE, node_queue
+
+# -- task names -----------------------------------------------------------------------------
+
+START_JOBS = "spillway.start_jobs"  # node.<id>: [[job id, attempt], ...] to start there
+STOP_JOB = "spillway.stop_job"  # node.<id>: job id, attempt, grace s (SIGTERM, grace, SIGKILL)
+PING = "spillway.ping"  # node.<id> (or any queue): a no-op, for measuring raw Celery
+CYCLE = "spillway.cycle"  # control: run scheduling cycles until the queue is clean
+RECONCILE = "spillway.reconcile"  # control: the reconciler (sent by the beat)
+LAUNCH = "spillway.launch"  # provision: offer id, count, request id, for which jobs
+TERMINATE = "spillway.terminate"  # provision: instance ids, reason
+
+NODE_TASKS = (START_JOBS, STOP_JOB, PING)
+CONTROL_TASKS = (CYCLE, RECONCILE)
+PROVISION_TASKS = (LAUNCH, TERMINATE)
+
+# The cycle trigger's Redis keys: DIRTY says something changed since the last cycle began;
+# QUEUED says a cycle task is on its way (so bursts of triggers send one message).
+DIRTY = "sw:cycle:dirty"
+QUEUED = "sw:cycle:queued"
+QUEUED_TTL_S = 30  # a lost cycle message blocks new ones this long at most
+
+
+class Part(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+
+class PlacedJob(Protocol):
+    """What a start or stop needs of a job (:class:`broker.model.Job` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    @property
+    def allocations(self) -> Sequence[Part]: ...
+
+    @property
+    def parts_exited(self) -> Sequence[tuple[int, int]]: ...
+
+
+class RedisLike(Protocol):
+    def pipeline(self, transaction: bool = ...) -> Any: ...
+
+
+# -- node.<id> ------------------------------------------------------------------------------
+
+
+def start_jobs(celery: Celery, jobs: Iterable[PlacedJob]) -> int:
+    """One ``start_jobs`` message per node, carrying that node's (job id, attempt) pairs.
+    Returns the number of messages sent."""
+    by_node: dict[str, list[list[object]]] = defaultdict(list)
+    for job in jobs:
+        for part in job.allocations:
+            by_node[part.node_id].append([job.id, job.attempt])
+    for node_id, items in by_node.items():
+        celery.send_task(START_JOBS, args=[items], queue=node_queue(node_id))
+    return len(by_node)
+
+
+def stop_jobs(celery: Celery, jobs: Iterable[PlacedJob], grace_s: float) -> int:
+    """Tell the node of every part not yet exited to stop it: SIGTERM, ``grace_s``, SIGKILL.
+    Returns the number of messages sent."""
+    sent = 0
+    for job in jobs:
+        exited = {rank for rank, _ in job.parts_exited}
+        for part in job.allocations:
+            if part.rank not in exited:
+                celery.send_task(STOP_JOB, args=[job.id, job.attempt, float(grace_s)],
+                                 queue=node_queue(part.node_id))
+                sent += 1
+    return sent
+
+
+def ping(celery: Celery, queue: str, n: int = 0) -> None:
+    """A no-op message (``spillway bench dispatch`` measures raw Celery with it)."""
+    celery.send_task(PING, args=[n], queue=queue)
+
+
+# -- control --------------------------------------------------------------------------------
+
+
+def trigger_cycle(celery: Celery, redis: RedisLike) -> bool:
+    """Ask for a scheduling cycle soon: mark the queue dirty and send a ``cycle`` message
+    unless one is already on its way. Cheap; coalesces bursts of triggers. True if sent."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.set(DIRTY, 1)
+    pipe.set(QUEUED, 1, nx=True, ex=QUEUED_TTL_S)
+    _, queued = pipe.execute()
+    if queued:
+        celery.send_task(CYCLE, queue=CONTROL_QUEUE)
+    return bool(queued)
+
+
+# -- provision (nothing consumes these yet) -------------------------------------------------
+
+
+def launch(celery: Celery, offer_id: str, count: int, request_id: str,
+           for_jobs: Sequence[str] = ()) -> None:
+    """Rent ``count`` instances of an offer; ``request_id`` makes the launch idempotent."""
+    celery.send_task(LAUNCH, args=[offer_id, int(count), request_id, list(for_jobs)],
+                     queue=PROVISION_QUEUE)
+
+
+def terminate(celery: Celery, instance_ids: Sequence[str], reason: str) -> None:
+    """Give instances back (a missing one is not an error for the provider)."""
+    celery.send_task(TERMINATE, args=[list(instance_ids), reason], queue=PROVISION_QUEUE)
