@@ -62,6 +62,7 @@ class Config:
     fairshare_half_life_s: float = 7 * 86400.0  # decay of past GPU usage (Slurm's default)
     min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
     policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
+    policies: Mapping[str, Any] = field(default_factory=dict)  # bundles built here, by name
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def team(self, name: str) -> Team:
@@ -79,7 +80,7 @@ class Config:
 CLUSTER_CONFIG_KEYS = ("fairshare_half_life_s", "min_runtime_s", "grace_s")
 
 _SCALARS = {f.name: f.type for f in fields(Config)
-            if f.name not in ("classes", "extra", "teams", "policy_settings")}
+            if f.name not in ("classes", "extra", "teams", "policy_settings", "policies")}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -202,6 +203,8 @@ def load_config(
                 changes["classes"] = parse_classes(value)
             elif key == "teams":
                 changes["teams"] = parse_teams(value)
+            elif key == "policies":
+                changes["policies"] = value  # built by policies.settings.check_config
             elif key == "policy_settings":
                 changes["policy_settings"] = value  # its keys: policies.settings.check_config
             elif key in _SCALARS:

@@ -18,7 +18,8 @@ from broker.commands import DIRTY, QUEUED
 from broker.plan import Applied
 from broker.runtime import Runtime
 from broker.scheduler import Memory, run_cycle
-from policies.registry import PolicySet
+from policies.registry import PolicySet, bundle
+from policies.settings import check_bundles
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,17 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
     return started
 
 
-_MEMORIES: dict[int, tuple[Runtime, Memory]] = {}  # the scheduler's caches, per runtime
+_KEPT: dict[int, tuple[Runtime, PolicySet, Memory]] = {}  # per runtime: built once
 
 
-def _memory(rt: Runtime) -> Memory:
-    """The caches this process keeps across its cycles (policies/cycle.py ``Memory``)."""
-    kept = _MEMORIES.get(id(rt))
+def _policy(rt: Runtime) -> tuple[PolicySet, Memory]:
+    """The configured bundle (built-in, or built in the configuration's ``policies``) and the
+    caches this process keeps across its cycles (policies/cycle.py ``Memory``)."""
+    kept = _KEPT.get(id(rt))
     if kept is None or kept[0] is not rt:
-        kept = _MEMORIES[id(rt)] = (rt, Memory())
-    return kept[1]
+        custom = check_bundles(rt.config.policies, "config policies")
+        kept = _KEPT[id(rt)] = (rt, bundle(rt.config.policy, custom), Memory())
+    return kept[1], kept[2]
 
 
 def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, bool]:
@@ -69,7 +72,8 @@ def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, 
     t0 = time.perf_counter()
     snap = rt.store.snapshot(time.time())
     t1 = time.perf_counter()
-    plan = run_cycle(snap, policies or PolicySet.named(rt.config.policy), memory=_memory(rt))
+    configured, memory = _policy(rt)
+    plan = run_cycle(snap, policies or configured, memory=memory)
     t2 = time.perf_counter()
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()

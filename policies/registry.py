@@ -180,6 +180,17 @@ class PolicySet:
         return cls(name=name, **kw).check()
 
 
+def bundle(name: str, custom: Mapping[str, PolicySet] | None = None) -> PolicySet:
+    """The bundle called ``name``: one built in a configuration or cluster file (``custom``),
+    else a built-in one; ValueError naming both kinds otherwise."""
+    if custom and name in custom:
+        return custom[name]
+    if name in BUNDLES:
+        return BUNDLES[name]
+    known = sorted({*BUNDLES, *(custom or {})})
+    raise ValueError(f"no policy named {name!r}; known: {', '.join(known)}")
+
+
 BUNDLES: dict[str, PolicySet] = {
     # strict first come, first served: no classes, no backfill, no preemption
     "fcfs": PolicySet(order="fifo", reserve="strict", evict=(), name="fcfs"),

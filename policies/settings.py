@@ -28,7 +28,7 @@ from typing import Any
 
 from broker.config import CLUSTER_CONFIG_KEYS, Config
 from broker.errors import ConfigError
-from policies.registry import declared_settings
+from policies.registry import BUNDLES, ROLES, PolicySet, declared_settings
 
 #: Configuration values a cluster file may override (the simulator applies them to its Config).
 CONFIG_KEYS = CLUSTER_CONFIG_KEYS
@@ -103,12 +103,42 @@ def _check_value(key: str, value: Any, at: str, classes: tuple[str, ...]) -> Non
         _number(value, at, share=key in QUANTILES, positive=key in POSITIVE)
 
 
-def check_config(cfg: Config, where: str = "config") -> Config:
-    """``cfg`` if its policy bundle is known and its ``policy_settings`` are settings of
-    registered policies, else :class:`ConfigError` naming the first thing wrong."""
-    from policies.registry import BUNDLES
+def check_bundles(raw: Any, where: str) -> dict[str, PolicySet]:
+    """Bundles built in a configuration or cluster file, by name::
 
-    if cfg.policy not in BUNDLES:
-        raise ConfigError(f"{where} policy: {cfg.policy!r} is not one of {sorted(BUNDLES)}")
+        policies:
+          backfill-only: {order: multifactor, reserve: easy, evict: []}
+          mine: {order: spillway, place: aligned, evict: [priority, relief],
+                 estimate: predictor}
+
+    Each role not given takes PolicySet's default; a built-in bundle's name may not be reused.
+    :class:`ConfigError` names the first thing wrong."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping of a bundle's name to its roles, e.g. "
+                          "{mine: {order: spillway, evict: [priority]}}")
+    out: dict[str, PolicySet] = {}
+    for name, roles in raw.items():
+        if name in BUNDLES:
+            raise ConfigError(f"{where}.{name}: a built-in bundle's name; choose another")
+        if not isinstance(roles, Mapping):
+            raise ConfigError(f"{where}.{name}: must be a mapping of role to policy name; "
+                              f"roles: {', '.join(ROLES)}")
+        try:
+            out[str(name)] = PolicySet.from_mapping(str(name), roles)
+        except ValueError as e:
+            raise ConfigError(f"{where}.{name}: {e}") from None
+    return out
+
+
+def check_config(cfg: Config, where: str = "config") -> Config:
+    """``cfg`` if its bundles build, its policy bundle is known and its ``policy_settings``
+    are settings of registered policies, else :class:`ConfigError` naming the first thing
+    wrong."""
+    custom = check_bundles(cfg.policies, f"{where} policies")
+    if cfg.policy not in BUNDLES and cfg.policy not in custom:
+        raise ConfigError(f"{where} policy: {cfg.policy!r} is not one of "
+                          f"{sorted({*BUNDLES, *custom})}")
     check_settings(cfg.policy_settings, f"{where} policy_settings", classes=cfg.class_names)
     return cfg

@@ -15,6 +15,8 @@
       - {name: high, rank: 300, sla_s: 1800, may_preempt: true, preemptible: false}
     teams:                         # optional; default: none (teams appear from the trace)
       - {name: vision, weight: 2, quota_gpus: 8}
+    policies:                      # optional: bundles built of registered policies, by name
+      backfill-only: {order: multifactor, reserve: easy, evict: []}
     settings:                      # optional; checked by policies/settings.py
       spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
       fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
@@ -50,10 +52,11 @@ from broker.config import (
 )
 from broker.errors import ConfigError
 from broker.model import Gpu, Node, NodeState
-from policies.settings import check_settings
+from policies.registry import PolicySet
+from policies.settings import check_bundles, check_settings
 from workers.discovery import inventory_from_data, static_inventory
 
-TOP_KEYS = ("name", "nodes", "classes", "teams", "settings")
+TOP_KEYS = ("name", "nodes", "classes", "teams", "policies", "settings")
 NODE_KEYS = ("prefix", "count", "gpus", "cpus", "memory_gb", "labels")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_COUNT = 10_000
@@ -66,6 +69,7 @@ class Cluster:
     classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES
     teams: tuple[Team, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
+    policies: Mapping[str, PolicySet] = field(default_factory=dict)  # bundles it builds
 
     @property
     def capacity_gpus(self) -> int:
@@ -133,8 +137,9 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
                           f"cluster's {capacity}; allowed: a total of at most {capacity}")
     settings = check_settings(data.get("settings") or {}, f"{source}: settings",
                               classes=[c.name for c in classes], cluster=True)
+    bundles = check_bundles(data.get("policies"), f"{source}: policies")
     return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
-                   settings=MappingProxyType(settings))
+                   settings=MappingProxyType(settings), policies=MappingProxyType(bundles))
 
 
 def _node_group(item: Any, where: str) -> list[Node]:

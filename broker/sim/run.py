@@ -17,7 +17,7 @@ from broker.sim.cluster import Cluster, load_cluster
 from broker.sim.engine import Simulation
 from broker.sim.trace import busiest_window, load_trace, offered_load_gpus, scale_for
 from broker.sim.types import SimResult, Trace
-from policies.registry import BUNDLES
+from policies.registry import BUNDLES, bundle
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,15 @@ def _time(value: str | None, what: str) -> float | None:
 
 def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
     """The cluster and the windowed, scaled trace a request describes."""
-    unknown = [p for p in req.policies if p not in BUNDLES]
-    if unknown or not req.policies:
-        raise ConfigError(f"--policy {','.join(unknown) or '(none)'}: unknown; allowed: "
-                          f"{', '.join(sorted(BUNDLES))} (comma-separated for several)")
     if req.load_scale is not None and req.target_load is not None:
         raise ConfigError("--load-scale and --target-load: give one, not both")
     cluster = load_cluster(req.cluster)
+    known = {*BUNDLES, *cluster.policies}
+    unknown = [p for p in req.policies if p not in known]
+    if unknown or not req.policies:
+        raise ConfigError(f"--policy {','.join(unknown) or '(none)'}: unknown; allowed: "
+                          f"{', '.join(sorted(known))} (comma-separated for several; the "
+                          "cluster file's policies: builds more)")
     kw: dict[str, Any] = {"fmt": req.fmt, "seed": req.seed, "classes": cluster.classes,
                           "max_gpus_per_node": cluster.max_gpus_per_node}
     start, end = _time(req.start, "--from"), _time(req.end, "--to")
@@ -84,7 +86,8 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
 def _run(req: SimRequest, policy: str,
          prepared: tuple[Cluster, Trace, dict[str, Any]]) -> SimResult:
     cluster, trace, meta = prepared
-    result = Simulation(cluster, trace, policy, check_invariants=req.check).run()
+    result = Simulation(cluster, trace, bundle(policy, cluster.policies),
+                        check_invariants=req.check).run()
     result.meta = {**result.meta, **meta}
     result.metrics["meta"] = result.meta
     return result

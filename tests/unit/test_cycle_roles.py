@@ -123,3 +123,42 @@ def test_the_simulator_refuses_a_plan_it_cannot_carry_out() -> None:
     with pytest.raises(ConfigError, match=r"planned 1 launch\(es\) and 0 termination\(s\), "
                                           r"but this simulation has no cloud provisioner"):
         Simulation(cluster, jobs, policy).run()
+
+
+def test_a_cluster_file_builds_a_bundle_the_simulator_runs(tmp_path: Path) -> None:
+    from broker.sim.run import SimRequest, simulate
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nnodes: [{prefix: n, count: 2, gpus: 4xL4}]\n"
+                    "policies:\n  mine: {order: fifo, reserve: easy, evict: []}\n")
+    csv = tmp_path / "t.csv"
+    csv.write_text("id,submit_time,duration_s,num_gpus\n"
+                   + "".join(f"j{i},{i * 10},{600 + i},{1 + i % 4}\n" for i in range(20)))
+    mine, fcfs = simulate(SimRequest(trace=str(csv), cluster=str(path),
+                                     policies=("mine", "fcfs")), workers=1)
+    assert mine.policy == "mine" and mine.metrics["finished"] == 20
+    assert mine.metrics["wait_mean_s"] <= fcfs.metrics["wait_mean_s"]  # EASY backfills
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    ({"fcfs": {"order": "fifo"}}, "c: policies.fcfs: a built-in bundle's name"),
+    ({"mine": {"evict": ["nope"]}}, "c: policies.mine: no evict policy named 'nope'"),
+    ({"mine": "fifo"}, "c: policies.mine: must be a mapping of role to policy name"),
+    ([1], "c: policies: must be a mapping of a bundle's name"),
+])
+def test_a_bad_bundle_in_a_cluster_file_says_what(raw: object, error: str) -> None:
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(")):
+        cluster_from_data({"nodes": [{"prefix": "n", "gpus": "4xL4"}], "policies": raw}, "c")
+
+
+def test_the_configuration_selects_a_bundle_it_builds(tmp_path: Path) -> None:
+    from broker.config import load_config
+    from policies.settings import check_config
+
+    path = tmp_path / "spillway.yaml"
+    path.write_text("policy: mine\npolicies:\n  mine: {order: spillway, evict: [priority]}\n")
+    cfg = check_config(load_config(path, env={}))
+    assert cfg.policy == "mine"
+    path.write_text("policy: theirs\npolicies:\n  mine: {order: spillway}\n")
+    with pytest.raises(ConfigError, match=r"config policy: 'theirs' is not one of \["):
+        check_config(load_config(path, env={}))
