@@ -109,6 +109,7 @@ def _store_cycle(snap: Snapshot, cycles: int, policy: str) -> dict[str, Any]:
 
     from broker.embedded import EmbeddedRedis
     from broker.plan import Plan, Start
+    from broker.snapshots import SnapshotBuilder
     from broker.store.redis import RedisStore
     from policies.registry import PolicySet
 
@@ -126,11 +127,12 @@ def _store_cycle(snap: Snapshot, cycles: int, policy: str) -> dict[str, Any]:
             chunk = snap.pending[i:i + 1000]
             st.submit_many([j.spec for j in chunk], snap.now, [j.id for j in chunk])
         times, parts = [], []
+        builder = SnapshotBuilder(st)
         for _ in range(cycles):
             t0 = time.perf_counter()
-            live = st.snapshot(snap.now + 1)
+            live = builder.build(snap.now + 1)
             t1 = time.perf_counter()
-            plan = run_cycle(live, PolicySet.named(policy))
+            plan = run_cycle(live, PolicySet.named(policy), memory=builder.memory)
             t2 = time.perf_counter()
             applied = st.apply(plan, snap.now + 1)
             t3 = time.perf_counter()

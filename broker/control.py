@@ -17,7 +17,8 @@ from broker.actuator import apply_plan
 from broker.commands import DIRTY, QUEUED
 from broker.plan import Applied
 from broker.runtime import Runtime
-from broker.scheduler import Memory, run_cycle
+from broker.scheduler import run_cycle
+from broker.snapshots import SnapshotBuilder
 from policies.registry import PolicySet, bundle
 from policies.settings import check_bundles
 
@@ -53,16 +54,18 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
     return started
 
 
-_KEPT: dict[int, tuple[Runtime, PolicySet, Memory]] = {}  # per runtime: built once
+_KEPT: dict[int, tuple[Runtime, PolicySet, SnapshotBuilder]] = {}  # per runtime: built once
 
 
-def _policy(rt: Runtime) -> tuple[PolicySet, Memory]:
+def _policy(rt: Runtime) -> tuple[PolicySet, SnapshotBuilder]:
     """The configured bundle (built-in, or built in the configuration's ``policies``) and the
-    caches this process keeps across its cycles (policies/cycle.py ``Memory``)."""
+    snapshot builder, which keeps the runtime predictor and the cycle's caches across this
+    process's cycles (broker/snapshots.py)."""
     kept = _KEPT.get(id(rt))
     if kept is None or kept[0] is not rt:
         custom = check_bundles(rt.config.policies, "config policies")
-        kept = _KEPT[id(rt)] = (rt, bundle(rt.config.policy, custom), Memory())
+        kept = _KEPT[id(rt)] = (rt, bundle(rt.config.policy, custom),
+                                SnapshotBuilder(rt.store, rt.config))
     return kept[1], kept[2]
 
 
@@ -70,10 +73,10 @@ def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, 
     """Snapshot, plan, apply. Returns what was applied and whether a trigger arrived meanwhile
     (read and cleared in the same round trip as the cycle's statistics)."""
     t0 = time.perf_counter()
-    snap = rt.store.snapshot(time.time())
+    configured, builder = _policy(rt)
+    snap = builder.build(time.time())
     t1 = time.perf_counter()
-    configured, memory = _policy(rt)
-    plan = run_cycle(snap, policies or configured, memory=memory)
+    plan = run_cycle(snap, policies or configured, memory=builder.memory)
     t2 = time.perf_counter()
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()

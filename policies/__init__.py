@@ -2,3 +2,16 @@
 
 Nothing here imports Celery, Redis or a cloud SDK.
 """
+
+# the built-in policies register themselves with policies.registry on import
+from policies import (  # noqa: F401
+    backfill,
+    defrag,
+    ordering,
+    placement,
+    predictor,
+    priority,
+    queue,
+    relief,
+    scavenge,
+)

@@ -1,8 +1,10 @@
 """Policy registry: every decision of the cycle is a role; configuration picks the policy that
 plays it by name, and no policy name is compared anywhere else.
 
-Roles and their one signature each (``cycle`` is the cycle in progress, :class:`policies.cycle.
-Cycle`; a policy reads the snapshot through it and writes only through it):
+The built-in policies register when the ``policies`` package is imported (its
+``__init__``), so that this module imports none of them. Roles and their one signature each
+(``cycle`` is the cycle in progress, :class:`policies.cycle.Cycle`; a policy reads the
+snapshot through it and writes only through it):
 
 ===========  ==========================================================================
 order        ``fn(cycle, jobs) -> list[Job]``: the pending queue, first to last
@@ -57,28 +59,7 @@ def register(role: str, name: str, settings: Mapping[str, Any] | None = None
     return deco
 
 
-_loaded = False
-
-
-def _load_builtins() -> None:
-    """Import the modules that register the built-in policies (late: they import this one)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    import policies.backfill
-    import policies.defrag
-    import policies.ordering
-    import policies.placement
-    import policies.predictor
-    import policies.priority
-    import policies.queue
-    import policies.relief
-    import policies.scavenge  # noqa: F401
-
-
 def lookup(role: str, name: str) -> Any:
-    _load_builtins()
     try:
         return _REGISTRY[role][name]
     except KeyError:
@@ -88,13 +69,11 @@ def lookup(role: str, name: str) -> Any:
 
 def registered(role: str) -> tuple[str, ...]:
     """The names registered for ``role``."""
-    _load_builtins()
     return tuple(sorted(_REGISTRY[role]))
 
 
 def declared_settings() -> dict[str, Mapping[str, Any]]:
     """Policy name -> its settings' defaults, for every registered policy that has settings."""
-    _load_builtins()
     return dict(_SETTINGS)
 
 

@@ -28,10 +28,11 @@ from broker.errors import ConfigError
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
-from broker.scheduler import Memory, run_cycle
+from broker.scheduler import run_cycle
 from broker.sim.cluster import Cluster
 from broker.sim.invariants import InvariantChecker
 from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
+from broker.snapshots import SnapshotBuilder
 from broker.speed import convert_runtime
 from broker.state import EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, Started
@@ -67,7 +68,7 @@ class Simulation:
                               policy_settings={**base.policy_settings, **{
                                   k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
-        self.memory = Memory()  # the scheduler's caches across cycles
+        self.snapshots = SnapshotBuilder(self.store, self.config)  # predictor, caches
         self.node_by_id = {n.id: n for n in cluster.nodes}
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None
@@ -186,8 +187,8 @@ class Simulation:
                           or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
             return
-        snap = self.store.snapshot(now)
-        plan: Plan = run_cycle(snap, self.policy, now, self.memory)
+        snap = self.snapshots.build(now)
+        plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
         if plan.launches or plan.terminations:  # refused, not dropped: no cloud here yet
             raise ConfigError(
                 f"policy {self.policy.name!r} planned {len(plan.launches)} launch(es) and "

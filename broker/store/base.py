@@ -25,7 +25,6 @@ from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import JobEvent
-from policies.predictor import RuntimePredictor
 
 OK, VERSION, BUSY, DEAD = "ok", "version", "busy", "dead"
 _FOREVER = 1e300
@@ -72,9 +71,6 @@ class BaseStore(ABC):
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self._last_reasons: dict[str, Reason] = {}
-        self._predictor = RuntimePredictor(
-            quantile=float(self.config.policy_settings.get("predictor_quantile", 0.9)))
-        self._runtime_cursor = "0"
         self._last_reservation: str | None = ""
 
     # -- primitives --------------------------------------------------------------------------
@@ -250,12 +246,15 @@ class BaseStore(ABC):
         self._add_usage(old.team, old.res.total_gpus * ran, att.ended_at,
                         self.config.fairshare_half_life_s, sample)
 
-    def _read_meta(self, cursor: str) -> tuple[dict[str, tuple[float, float]],
-                                               list[tuple[str, str, int, float, float]], str,
-                                               str | None]:
-        """Usage, runtime samples after ``cursor`` (and the new cursor), the reservation:
-        what a snapshot needs besides the jobs. Backends may read them in one round trip."""
-        samples, cursor = self._read_runtimes(cursor)
+    def _read_meta(self, cursor: str | None) -> tuple[dict[str, tuple[float, float]],
+                                                      list[tuple[str, str, int, float, float]],
+                                                      str | None, str | None]:
+        """Usage, runtime samples after ``cursor`` (and the new cursor; None: none read), the
+        reservation: what a snapshot needs besides the jobs. Backends may read them in one
+        round trip."""
+        samples: list[tuple[str, str, int, float, float]] = []
+        if cursor is not None:
+            samples, cursor = self._read_runtimes(cursor)
         return self._read_usage(), samples, cursor, self._get_reservation()
 
     def usage(self, now: float, raw: Mapping[str, tuple[float, float]] | None = None
@@ -265,14 +264,11 @@ class BaseStore(ABC):
         return {t: v * 0.5 ** (max(0.0, now - at) / hl) for t, (v, at) in
                 (self._read_usage() if raw is None else raw).items()}
 
-    def predictor(self, samples: Sequence[tuple[str, str, int, float, float]] | None = None
-                  ) -> RuntimePredictor:
-        """The runtime predictor, caught up with the jobs finished since the last call."""
-        if samples is None:
-            samples, self._runtime_cursor = self._read_runtimes(self._runtime_cursor)
-        for team, name, gpus, limit, ran in samples:
-            self._predictor.observe(RuntimePredictor.keys(team, name, gpus, limit or None), ran)
-        return self._predictor
+    def runtimes(self, after: str = "0") -> tuple[list[tuple[str, str, int, float, float]],
+                                                  str]:
+        """The runtime samples of attempts that ended on their own, after the cursor ``after``
+        ("0": from the oldest kept), and the new cursor: (team, name, GPUs, limit, seconds)."""
+        return self._read_runtimes(after)
 
     def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
@@ -300,6 +296,14 @@ class BaseStore(ABC):
         return [j for j in self._load(self._index(which)) if j is not None]
 
     def snapshot(self, now: float) -> Snapshot:
+        """Jobs, nodes, usage and the reservation at ``now`` (no runtime predictor: a
+        scheduler's :class:`broker.snapshots.SnapshotBuilder` keeps and adds it)."""
+        return self.read_snapshot(now, None)[0]
+
+    def read_snapshot(self, now: float, runtimes_after: str | None
+                      ) -> tuple[Snapshot, list[tuple[str, str, int, float, float]], str | None]:
+        """:meth:`snapshot`, and in the same round trip the runtime samples after the cursor
+        ``runtimes_after`` (None: none) with the new cursor."""
         pending = tuple(j for j in self._load_index("pending") if j.state is JobState.PENDING)
         active = tuple(j for j in self._load_index("active") if j.state in ACTIVE)
         nodes = tuple(sorted((n for n in self._load_nodes()
@@ -307,13 +311,13 @@ class BaseStore(ABC):
                              key=lambda n: n.id))
         allocated = self.allocations([n.id for n in nodes])
         cfg = self.config
-        usage, samples, self._runtime_cursor, raw = self._read_meta(self._runtime_cursor)
+        usage, samples, cursor, raw = self._read_meta(runtimes_after)
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
-        return Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
-                        usage=self.usage(now, usage), predictor=self.predictor(samples),
-                        reservation=reservation, settings=cfg.policy_settings,
-                        half_life_s=cfg.fairshare_half_life_s, min_runtime_s=cfg.min_runtime_s,
-                        grace_s=cfg.grace_s)
+        snap = Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
+                        usage=self.usage(now, usage), reservation=reservation,
+                        settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
+                        min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
+        return snap, samples, cursor
 
     def apply(self, plan: Plan, now: float) -> Applied:
         """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose

@@ -359,15 +359,20 @@ class RedisStore(BaseStore):
                            [team, repr(float(gpu_s)), repr(float(now)), repr(float(half_life_s)),
                             RUNTIME_SAMPLES, json.dumps(list(sample)) if sample else ""])
 
-    def _read_meta(self, cursor: str) -> tuple[dict[str, tuple[float, float]],
-                                               list[tuple[str, str, int, float, float]], str,
-                                               str | None]:
+    def _read_meta(self, cursor: str | None) -> tuple[dict[str, tuple[float, float]],
+                                                      list[tuple[str, str, int, float, float]],
+                                                      str | None, str | None]:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self._k_usage)
-        pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-", count=5000)
         pipe.get(self._k_reservation)
-        raw_usage, batch, reservation = pipe.execute()
+        if cursor is not None:
+            pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-",
+                        count=5000)
+        raw_usage, reservation, *rest = pipe.execute()
         usage = self._parse_usage(raw_usage)
+        if cursor is None:
+            return usage, [], None, None if reservation is None else _str(reservation)
+        batch = rest[0]
         samples, cursor = self._parse_samples(batch, cursor)
         if len(batch) == 5000:  # a long backlog (a new scheduler): read the rest
             more, cursor = self._read_runtimes(cursor)

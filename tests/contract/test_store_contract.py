@@ -13,6 +13,7 @@ from broker.config import Config
 from broker.errors import Conflict, JobNotFound, NodeNotFound, SpecError, StaleAttempt
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Plan, Preempt, Start
+from broker.snapshots import SnapshotBuilder
 from broker.state import JobState
 from broker.store import BaseStore, MemoryStore, RedisStore, open_store
 from broker.store.events import Exited, Started, StartFailed
@@ -788,7 +789,15 @@ def test_an_ended_attempt_feeds_usage_and_the_predictor(store: BaseStore) -> Non
     snap = store.snapshot(T0 + 251)
     assert snap.usage["red"] == pytest.approx(200.0, rel=1e-3)
     assert snap.usage["blue"] == pytest.approx(50.0, rel=1e-3)
-    assert snap.predictor is not None and snap.predictor.observed == 1
+    assert snap.predictor is None  # the store keeps no scheduling state
+    samples, cursor = store.runtimes()
+    assert samples == [("red", "t", 2, 3600.0, 100.0)]
+    assert store.runtimes(cursor) == ([], cursor)
+    builder = SnapshotBuilder(store)  # a scheduler's: it keeps the predictor and feeds it
+    built = builder.build(T0 + 251)
+    assert built.predictor is builder.predictor and builder.predictor.observed == 1
+    assert builder.build(T0 + 252).predictor.observed == 1  # each runtime once
+    assert SnapshotBuilder(store).build(T0 + 253).predictor.observed == 1  # a new scheduler
     half_life = store.config.fairshare_half_life_s
     assert store.usage(T0 + 101 + half_life)["red"] == pytest.approx(100.0, rel=1e-3)
 

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("broker", "policies", "workers", "providers")
 
@@ -187,21 +185,8 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert len(modules()) > 40
 
 
-# Being refactored by others while this test landed: the configuration and the policies.
-IN_FLUX = ("broker.config", "broker.model", "broker.plan", "policies")
-
-
-@pytest.mark.xfail(strict=False, reason="being fixed by other engineers: policies.registry "
-                   "<-> the policy modules it registers (backfill, defrag, ordering, placement, "
-                   "predictor, priority, queue, relief, scavenge; evict and preemption between)")
 def test_no_import_cycle() -> None:
     assert cycles(graph()) == []
-
-
-def test_no_cycle_outside_the_configuration_and_the_policies() -> None:
-    """The control plane (actuator, runtime, tasks, control, reconciler, commands), the store,
-    the client and the agent take part in no cycle, whatever remains among IN_FLUX."""
-    assert [c for c in cycles(graph()) if not all(_under(m, IN_FLUX) for m in c)] == []
 
 
 def test_workers_import_no_control_scheduler_actuator_or_policies() -> None:
@@ -216,8 +201,6 @@ def test_commands_import_only_celery_and_the_app() -> None:
     assert offenders(*RULES["commands"]) == {}
 
 
-@pytest.mark.xfail(strict=False, reason="being fixed by another engineer: broker.store.base "
-                   "imports policies.predictor (the store keeps the runtime predictor)")
 def test_store_model_and_config_import_nothing_from_policies() -> None:
     assert offenders(*RULES["vocabulary"]) == {}
 

@@ -1,0 +1,44 @@
+"""The snapshot builder: the cycle's Snapshot from the store, and what a scheduler keeps across
+cycles beside it.
+
+The store is the only source of truth and keeps no scheduling state. A scheduler process (or a
+simulation) owns one :class:`SnapshotBuilder`, which keeps
+
+- the runtime predictor (policies/predictor.py), fed the runtimes of the attempts finished
+  since its last build (the store hands them out after a cursor, in the same round trip as the
+  snapshot), and handed to the cycle read-only inside each Snapshot;
+- the cycle's :class:`~policies.cycle.Memory` (caches that make a cycle cheaper).
+
+A second scheduler that takes over builds its own predictor from the store's runtime samples
+(the last 50,000 are kept), so nothing is lost with the first one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from broker.config import Config
+from broker.plan import Snapshot
+from broker.store.base import BaseStore
+from policies.cycle import Memory
+from policies.predictor import RuntimePredictor
+
+
+class SnapshotBuilder:
+    def __init__(self, store: BaseStore, config: Config | None = None) -> None:
+        self.store = store
+        cfg = config or store.config
+        self.predictor = RuntimePredictor(
+            quantile=float(cfg.policy_settings.get("predictor_quantile", 0.9)))
+        self.memory = Memory()
+        self._cursor = "0"
+
+    def build(self, now: float) -> Snapshot:
+        """The store's snapshot at ``now``, with the predictor caught up with every runtime
+        finished since the last build."""
+        snap, samples, cursor = self.store.read_snapshot(now, self._cursor)
+        self._cursor = cursor or self._cursor
+        keys, observe = RuntimePredictor.keys, self.predictor.observe
+        for team, name, gpus, limit, ran in samples:
+            observe(keys(team, name, gpus, limit or None), ran)
+        return replace(snap, predictor=self.predictor)
