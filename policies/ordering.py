@@ -156,7 +156,7 @@ def spillway(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     # had when first asked in the epoch, while the predictor refreshes each job's memo 32
     # runtimes after that job's own first ask, so dropping the cache can change the order
     # slightly (keying the predictor's memos on the version too would make it pure; measured on
-    # 2026-12-04, it was no faster and moved the README's mean-wait ratios by up to 0.05)
+    # 2026-12-04, it was no faster and moved docs/results.md's mean-wait ratios by up to 0.05)
     memo = cycle.memory.order_rates if epoch is not None else {}
 
     def median(j: Job) -> float:

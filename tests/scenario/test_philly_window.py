@@ -3,7 +3,7 @@
 It replays the real trace through the production cycle (about 20 s on one core) and checks
 what must hold for any load: no invariant breaks, every feasible job finishes, and the
 policies rank as they should on mean wait (fcfs worst, spillway best). The full comparisons
-(two busiest weeks, two months) are in the README's results and the issue notes.
+(two busiest weeks, two months) are in docs/results.md and the issue notes.
 """
 
 from __future__ import annotations
