@@ -1,10 +1,11 @@
 """The Celery app. Messages carry commands (ids), never state; JSON only.
 
-Queues: ``control`` (scheduling cycle, reconciler; consumed by ``spillway scheduler``),
-``node.<id>`` (start/stop commands for one worker agent), ``provision`` (cloud launches and
-terminations; nothing consumes it yet). :mod:`broker.commands` sends every message, by name;
-a process registers only the tasks of the queues it consumes (:mod:`broker.tasks` for
-``control``, :mod:`workers.tasks` for ``node.<id>``), so the app includes no task module.
+Queues: ``node.<id>`` (start/stop commands for one worker agent), ``provision`` (cloud
+launches and terminations; nothing consumes it yet). :mod:`broker.commands` sends every
+message, by name; a process registers only the tasks of the queues it consumes
+(:mod:`workers.tasks` for ``node.<id>``), so the app includes no task module. The scheduling
+cycle and the reconciler are not Celery tasks: the leading scheduler runs them
+(broker/leader.py), woken through Redis.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery import Celery
 
 from broker.config import Config
 
-CONTROL_QUEUE = "control"
+CONTROL_QUEUE = "control"  # the default queue: nothing is sent there by design
 PROVISION_QUEUE = "provision"
 
 
@@ -39,22 +40,11 @@ def configure(celery: Celery, redis_url: str, config: Config | None = None) -> C
         accept_content=["json"],
         worker_prefetch_multiplier=1,
         task_default_queue=CONTROL_QUEUE,
-        task_routes={
-            "spillway.cycle": {"queue": CONTROL_QUEUE},
-            "spillway.reconcile": {"queue": CONTROL_QUEUE},
-        },
         # Longer than any task; commands are idempotent so a redelivery is harmless.
         broker_transport_options={"visibility_timeout": 12 * 3600},
         broker_connection_retry_on_startup=True,
         worker_send_task_events=False,
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "cycle": {"task": "spillway.cycle", "schedule": config.cycle_s,
-                      "options": {"queue": CONTROL_QUEUE, "expires": max(config.cycle_s, 1.0)}},
-            "reconcile": {"task": "spillway.reconcile", "schedule": config.reconcile_s,
-                          "options": {"queue": CONTROL_QUEUE,
-                                      "expires": max(config.reconcile_s, 1.0)}},
-        },
         timezone="UTC",
     )
     if previous and previous != redis_url:
@@ -67,6 +57,7 @@ def configure(celery: Celery, redis_url: str, config: Config | None = None) -> C
     return celery
 
 
-# `celery -A broker.tasks worker -Q control` works when SPILLWAY_REDIS_URL is set.
+# Tools that import the app (``celery -A broker.app inspect ...``) find it configured when
+# SPILLWAY_REDIS_URL is set.
 if os.environ.get("SPILLWAY_REDIS_URL"):
     configure(app, os.environ["SPILLWAY_REDIS_URL"])

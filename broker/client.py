@@ -214,7 +214,7 @@ class Client:
 
     def _trigger(self) -> None:
         rt = self._point_celery()
-        commands.trigger_cycle(rt.celery, rt.redis)
+        commands.trigger_cycle(rt.redis)
 
     # -- jobs ------------------------------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 Messages carry ids, never state (DESIGN.md, Convention 11): whoever consumes one re-reads the
 store. Commands are sent with ``send_task`` by name, so a sender needs no task code: the agent,
 the client, the actuator and the reconciler import this module, and only the process that
-consumes a queue registers the tasks for it (``broker.tasks`` in ``spillway scheduler`` for
-``control``, ``workers.tasks`` in a worker agent for ``node.<id>``; nothing consumes
-``provision`` yet).
+consumes a queue registers the tasks for it (``workers.tasks`` in a worker agent for
+``node.<id>``; nothing consumes ``provision`` yet). The scheduling cycle is not a Celery task:
+the leading scheduler blocks on a Redis list, and :func:`trigger_cycle` pushes onto it.
 
 This module imports Celery and :mod:`broker.app` only; a Redis client is passed in where a
 command needs one (the cycle trigger), and jobs are anything shaped like one
@@ -20,27 +20,24 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from broker.app import CONTROL_QUEUE, PROVISION_QUEUE, node_queue
+from broker.app import PROVISION_QUEUE, node_queue
 
 # -- task names -----------------------------------------------------------------------------
 
 START_JOBS = "spillway.start_jobs"  # node.<id>: [[job id, attempt], ...] to start there
 STOP_JOB = "spillway.stop_job"  # node.<id>: job id, attempt, grace s (SIGTERM, grace, SIGKILL)
 PING = "spillway.ping"  # node.<id> (or any queue): a no-op, for measuring raw Celery
-CYCLE = "spillway.cycle"  # control: run scheduling cycles until the queue is clean
-RECONCILE = "spillway.reconcile"  # control: the reconciler (sent by the beat)
 LAUNCH = "spillway.launch"  # provision: offer id, count, request id, for which jobs
 TERMINATE = "spillway.terminate"  # provision: instance ids, reason
 
 NODE_TASKS = (START_JOBS, STOP_JOB, PING)
-CONTROL_TASKS = (CYCLE, RECONCILE)
 PROVISION_TASKS = (LAUNCH, TERMINATE)
 
 # The cycle trigger's Redis keys: DIRTY says something changed since the last cycle began;
-# QUEUED says a cycle task is on its way (so bursts of triggers send one message).
+# WAKE is the list the leading scheduler blocks on between cycles (at most one element, so a
+# burst of triggers wakes it once).
 DIRTY = "sw:cycle:dirty"
-QUEUED = "sw:cycle:queued"
-QUEUED_TTL_S = 30  # a lost cycle message blocks new ones this long at most
+WAKE = "sw:cycle:wake"
 
 
 class Part(Protocol):
@@ -108,16 +105,15 @@ def ping(celery: Celery, queue: str, n: int = 0) -> None:
 # -- control --------------------------------------------------------------------------------
 
 
-def trigger_cycle(celery: Celery, redis: RedisLike) -> bool:
-    """Ask for a scheduling cycle soon: mark the queue dirty and send a ``cycle`` message
-    unless one is already on its way. Cheap; coalesces bursts of triggers. True if sent."""
+def trigger_cycle(redis: RedisLike) -> None:
+    """Ask for a scheduling cycle soon: mark the queue dirty and wake the leading scheduler.
+    One round trip; bursts of triggers coalesce into one cycle (the leader loops while the
+    queue was dirtied during a cycle, so no trigger is lost)."""
     pipe = redis.pipeline(transaction=False)
     pipe.set(DIRTY, 1)
-    pipe.set(QUEUED, 1, nx=True, ex=QUEUED_TTL_S)
-    _, queued = pipe.execute()
-    if queued:
-        celery.send_task(CYCLE, queue=CONTROL_QUEUE)
-    return bool(queued)
+    pipe.lpush(WAKE, 1)
+    pipe.ltrim(WAKE, 0, 0)
+    pipe.execute()
 
 
 # -- provision (nothing consumes these yet) -------------------------------------------------

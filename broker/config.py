@@ -49,6 +49,8 @@ class Config:
     lease_ttl_s: float = 3.0  # lease lifetime; dead nodes are noticed within 2 heartbeats
     reconcile_s: float = 1.0  # reconciler period (expire leases, resend lost commands)
     cycle_s: float = 1.0  # periodic scheduling cycle, besides event triggers
+    leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
+    # this and a fifth of it after the leader dies (broker/leader.py)
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
     max_attempts: int = 5  # a job lost or preempted more often than this fails
     default_class: str = "normal"

@@ -1,10 +1,10 @@
-"""The control loop around the pure cycle: triggers, the one-cycle-at-a-time lock.
+"""The control loop around the pure cycle: snapshot, plan, apply, while the queue is dirty.
 
 Submit, job end and node join call :func:`trigger_cycle` (:func:`broker.commands.trigger_cycle`
-in processes without a Runtime); it marks the queue dirty and sends at most one
-``spillway.cycle`` task at a time. The task holds a Redis lock while it runs and
-loops while the queue was dirtied meanwhile, so a trigger is never lost and cycles never
-interleave. A periodic beat runs the cycle too, as a safety net.
+in processes without a Runtime); it marks the queue dirty and wakes the leading scheduler
+(broker/leader.py), which runs :func:`run_cycles` under its fencing token: cycles loop while
+the queue was dirtied meanwhile, so a trigger is never lost, and only the leader's writes
+land, so cycles of two schedulers never interleave.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 from broker import commands
 from broker.actuator import apply_plan
-from broker.commands import DIRTY, QUEUED
+from broker.commands import DIRTY
 from broker.plan import Applied
 from broker.runtime import Runtime
 from broker.scheduler import run_cycle
@@ -24,33 +24,26 @@ from policies.settings import check_bundles
 
 log = logging.getLogger(__name__)
 
-LOCK = "sw:cycle:lock"
 STATS = "sw:cycle:stats"
 
 
 def trigger_cycle(rt: Runtime) -> None:
     """Ask for a scheduling cycle soon. Cheap; coalesces bursts of triggers into one task."""
-    commands.trigger_cycle(rt.celery, rt.redis)
+    commands.trigger_cycle(rt.redis)
 
 
 def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 100) -> int:
-    """Run cycles under the lock until the queue is clean. Returns the number of jobs started."""
-    rt.redis.delete(QUEUED)
-    lock = rt.redis.lock(LOCK, timeout=120, blocking=False)
-    if not lock.acquire(blocking=False):
-        return 0  # another cycle is running; it will see the dirty flag
+    """Run cycles until the queue is clean (the leader calls this under its fencing token).
+    Returns the number of jobs started."""
     started = 0
-    try:
-        rt.redis.delete(DIRTY)
-        for _ in range(max_loops):
-            applied, dirty = one_cycle(rt, policies)
-            started += len(applied.started)
-            if not dirty:  # nothing happened while the cycle ran
-                break
-    finally:
-        lock.release()
-    if rt.redis.exists(DIRTY):
-        trigger_cycle(rt)
+    rt.redis.delete(DIRTY)
+    for _ in range(max_loops):
+        applied, dirty = one_cycle(rt, policies)
+        started += len(applied.started)
+        if not dirty:  # nothing happened while the cycle ran
+            break
+    else:
+        trigger_cycle(rt)  # still dirty: the next wake-up goes on at once
     return started
 
 

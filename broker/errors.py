@@ -76,6 +76,15 @@ class Conflict(StoreError):
     """A compare-and-set write lost a race too many times."""
 
 
+class Fenced(StoreError):
+    """A write made under a leader's fencing token after that leadership ended: refused."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(
+            f"leadership {token} has ended (its lease expired or another scheduler took over); "
+            "the write was refused and this scheduler stops acting as the leader")
+
+
 class NodeNotFound(StoreError, KeyError):
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id

@@ -367,7 +367,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     control = redis.Redis.from_url(redis_url)  # the cycle trigger's keys
     work_dir = work_dir or os.path.join(os.path.expanduser(config.state_dir), "agent", node_id)
     agent = Agent(store, config, node, work_dir,
-                  trigger=lambda: commands.trigger_cycle(celery, control),
+                  trigger=lambda: commands.trigger_cycle(control),
                   send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
     try:
         set_node_handler(agent)

@@ -67,24 +67,22 @@ def resume(
 @app.command()
 def scheduler(
     ctx: typer.Context,
-    beat: Annotated[bool, Opt("--beat/--no-beat", help="Run the periodic cycle and "
-                                                       "reconciler in this process.")] = True,
     loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
                         ] = "WARNING",
 ) -> None:
     """Run the scheduler: scheduling cycles and the reconciler.
 
-    A Celery worker on the control queue with the beat embedded. Run one or two: cycles are
-    serialised by a Redis lock.
+    Run one or several: one leads (a lease in Redis, renewed while it works; its fencing
+    token guards every write), the others take over within the lease if it dies.
     """
-    from broker.service import run_scheduler
+    from broker.leader import run_scheduler
 
     s = settings(ctx)
     url = s.url()
-    every = (f"; cycle every {s.config.cycle_s:g}s, reconcile every {s.config.reconcile_s:g}s"
-             if beat else "; no beat")
-    err.print(f"spillway scheduler: control queue on {redacted(url)}{every}")
-    raise typer.Exit(run_scheduler(url, s.config, beat=beat, loglevel=loglevel))
+    c = s.config
+    err.print(f"spillway scheduler on {redacted(url)}: cycle every {c.cycle_s:g}s and on "
+              f"triggers, reconcile every {c.reconcile_s:g}s, leader lease {c.leader_lease_s:g}s")
+    raise typer.Exit(run_scheduler(url, c, loglevel=loglevel))
 
 
 @app.command()

@@ -10,7 +10,17 @@ from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import BY_AGE, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
-from broker.store.base import BUSY, DEAD, OK, ORDER_CAP, VERSION, BaseStore, LogLine, QueueOrder
+from broker.store.base import (
+    BUSY,
+    DEAD,
+    FENCED,
+    OK,
+    ORDER_CAP,
+    VERSION,
+    BaseStore,
+    LogLine,
+    QueueOrder,
+)
 from broker.store.transitions import Change
 
 
@@ -32,6 +42,8 @@ class MemoryStore(BaseStore):
         self._runtimes: list[tuple[str, str, int, float, float]] = []
         self._reservation: str | None = None
         self._queue_order: QueueOrder | None = None
+        self._leadership: tuple[str, float] | None = None  # (token, lease end)
+        self._epoch = 0
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -68,11 +80,45 @@ class MemoryStore(BaseStore):
         with self._lock:
             return [self._jobs.get(i) for i in job_ids]
 
+    def _acquire(self, owner: str, ttl_s: float, now: float) -> str | None:
+        with self._lock:
+            cur = self._leadership
+            if cur is not None and cur[1] > now:
+                if cur[0].partition(":")[2] != owner:
+                    return None
+                self._leadership = (cur[0], now + ttl_s)
+                return cur[0]
+            self._epoch += 1
+            token = f"{self._epoch}:{owner}"
+            self._leadership = (token, now + ttl_s)
+            return token
+
+    def _renew(self, token: str, ttl_s: float, now: float) -> bool:
+        with self._lock:
+            cur = self._leadership
+            if cur is None or cur[0] != token or cur[1] <= now:
+                return False
+            self._leadership = (token, now + ttl_s)
+            return True
+
+    def _release(self, token: str) -> None:
+        with self._lock:
+            if self._leadership is not None and self._leadership[0] == token:
+                self._leadership = None
+
+    def _leader(self, now: float) -> tuple[str, float] | None:
+        with self._lock:
+            cur = self._leadership
+            return None if cur is None or cur[1] <= now else (cur[0], cur[1] - now)
+
     def _commit(self, changes: Sequence[Change]) -> list[str]:
         with self._lock:
             return [self._commit_one(c) for c in changes]
 
     def _commit_one(self, c: Change) -> str:
+        fence = self.fence_token()  # (leases end when another owner acquires at a later now)
+        if fence is not None and (self._leadership is None or self._leadership[0] != fence):
+            return FENCED
         job = c.job
         cur = self._jobs.get(job.id)
         if (cur.version if cur else 0) != c.expected_version:

@@ -45,11 +45,14 @@ _CHUNK = 1000  # commands per pipeline
 # KEYS: 1 job, 2 jobs:all, 3 jobs:pending, 4 jobs:active, then (node, alloc) per claim,
 #       then alloc per release, then the pending and active version hashes (job id -> version,
 #       so a snapshot re-reads only changed jobs), then reasons (dropped when a job leaves
-#       PENDING).
+#       PENDING), then the leader key.
 # ARGV: 1 expected version, 2 new version, 3 doc, 4 state, 5 attempt, 6 score, 7 job id,
 #       8 pending 0/1, 9 active 0/1, 10 owner, 11 release owner, 12 #claims, 13 #releases,
-#       then the claimed GPU ids, then the released GPU ids.
+#       then the claimed GPU ids, then the released GPU ids, then the fencing token the leader
+#       key must hold ("": the write is not a leader's, nothing to check).
 _COMMIT = """
+local fence = ARGV[#ARGV]
+if fence ~= '' and redis.call('GET', KEYS[#KEYS]) ~= fence then return 'fenced' end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if cur ~= tonumber(ARGV[1]) then return 'version' end
 local nc, nr = tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -67,14 +70,14 @@ for i = 1, nc do redis.call('HSET', KEYS[4 + 2 * i], ARGV[13 + i], ARGV[10]) end
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', ARGV[2], 'state', ARGV[4],
            'attempt', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[6], ARGV[7])
-local vpend, vact = KEYS[#KEYS - 2], KEYS[#KEYS - 1]
+local vpend, vact, reasons = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1]
 if ARGV[8] == '1' then
   redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])
   redis.call('HSET', vpend, ARGV[7], ARGV[2])
 else
   redis.call('ZREM', KEYS[3], ARGV[7])
   redis.call('HDEL', vpend, ARGV[7])
-  redis.call('HDEL', KEYS[#KEYS], ARGV[7])
+  redis.call('HDEL', reasons, ARGV[7])
 end
 if ARGV[9] == '1' then
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
@@ -84,6 +87,40 @@ else
   redis.call('HDEL', vact, ARGV[7])
 end
 return 'ok'
+"""
+
+# Leadership. The leader key holds the leader's fencing token "<epoch>:<owner>" with a
+# lifetime (PX); the epoch grows with every new leadership, so tokens are never reused.
+# KEYS: 1 leader, 2 leader:epoch. ARGV: 1 owner, 2 lease ms. The token, or false if another
+# owner leads (its own lease is renewed if the owner already leads).
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sep = string.find(cur, ':', 1, true)
+  if sep and string.sub(cur, sep + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return cur
+  end
+  return false
+end
+local token = redis.call('INCR', KEYS[2]) .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+return token
+"""
+
+# KEYS: 1 leader. ARGV: 1 token, 2 lease ms. 1 if renewed, 0 if the leadership has ended.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: 1 leader. ARGV: 1 token.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 # KEYS: 1 node, 2 nodes, 3 nodes:seq. ARGV: 1 node id, 2 doc, 3 state, 4 incarnation,
@@ -187,6 +224,10 @@ class RedisStore(BaseStore):
             f"{p}usage", f"{p}runtimes", f"{p}reservation")
         self._usage_script = self.redis.register_script(_ADD_USAGE)
         self._k_order = f"{p}order"
+        self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
+        self._acquire_script = self.redis.register_script(_ACQUIRE)
+        self._renew_script = self.redis.register_script(_RENEW)
+        self._release_script = self.redis.register_script(_RELEASE)
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
@@ -266,7 +307,7 @@ class RedisStore(BaseStore):
         for node_id, _ in c.claim:
             keys += [self._k_node(node_id), self._k_alloc(node_id)]
         keys += [self._k_alloc(node_id) for node_id, _ in c.release]
-        keys += [self._k_ver_pending, self._k_ver_active, self._k_reasons]
+        keys += [self._k_ver_pending, self._k_ver_active, self._k_reasons, self._k_leader]
         args: list[Any] = [
             c.expected_version, job.version, json.dumps(job.to_dict(), separators=(",", ":")),
             job.state.value, job.attempt, repr(float(job.submitted_at)), job.id,
@@ -275,6 +316,7 @@ class RedisStore(BaseStore):
         ]
         args += [gpu for _, gpu in c.claim]
         args += [gpu for _, gpu in c.release]
+        args.append(self.fence_token() or "")
         return keys, args
 
     def _index(self, which: str) -> list[str]:
@@ -432,6 +474,30 @@ class RedisStore(BaseStore):
         head, _, body = _str(raw).partition("\n")
         at, total = head.split()
         return QueueOrder(tuple(body.split()), int(total), float(at))
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    def _acquire(self, owner: str, ttl_s: float, now: float) -> str | None:
+        token = self._acquire_script([self._k_leader, self._k_epoch],
+                                     [owner, max(1, int(ttl_s * 1000))])
+        return None if token is None else _str(token)
+
+    def _renew(self, token: str, ttl_s: float, now: float) -> bool:
+        return bool(self._renew_script([self._k_leader], [token, max(1, int(ttl_s * 1000))]))
+
+    def _release(self, token: str) -> None:
+        self._release_script([self._k_leader], [token])
+
+    def _leader(self, now: float) -> tuple[str, float] | None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self._k_leader)
+        pipe.pttl(self._k_leader)
+        token, ttl_ms = pipe.execute()
+        return None if token is None else (_str(token), max(0.0, ttl_ms / 1000))
+
+    def store_started_at(self, now: float) -> float:
+        """When the Redis server started (its uptime, against ``now``)."""
+        return now - float(self.redis.info("server")["uptime_in_seconds"])
 
     # -- logs ----------------------------------------------------------------------------------
 

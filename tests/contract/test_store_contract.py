@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from broker.config import Config
-from broker.errors import Conflict, JobNotFound, NodeNotFound, SpecError, StaleAttempt
+from broker.errors import Conflict, Fenced, JobNotFound, NodeNotFound, SpecError, StaleAttempt
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Plan, Preempt, Start
 from broker.snapshots import SnapshotBuilder
@@ -18,6 +18,7 @@ from broker.state import JobState
 from broker.store import BaseStore, MemoryStore, RedisStore, open_store
 from broker.store.events import Exited, Started, StartFailed
 from broker.store.transitions import Change
+from broker.waiting import poll_until
 
 S = JobState
 T0 = 1_000.0
@@ -813,3 +814,51 @@ def test_the_reservation_survives_from_one_cycle_to_the_next(store: BaseStore) -
     store.apply(Plan(), T0 + 2)
     assert store.snapshot(T0 + 3).reservation is None
     assert store.reservation() is None
+
+
+# -- leadership and fencing -----------------------------------------------------------------
+
+
+def test_one_scheduler_leads_and_its_token_grows_with_each_leadership(store: BaseStore) -> None:
+    a = store.acquire_leadership("sched-a", 30.0, T0)
+    assert a is not None and a.endswith(":sched-a")
+    assert store.acquire_leadership("sched-b", 30.0, T0) is None  # a leads
+    assert store.acquire_leadership("sched-a", 30.0, T0 + 1) == a  # re-acquiring renews
+    assert store.renew_leadership(a, 30.0, T0 + 2)
+    held = store.leader(T0 + 2)
+    assert held is not None and held[0] == a and 0 < held[1] <= 30.0
+    store.release_leadership(a)
+    assert store.leader(T0 + 2) is None
+    assert not store.renew_leadership(a, 30.0, T0 + 3)  # that leadership has ended
+    b = store.acquire_leadership("sched-b", 30.0, T0 + 3)
+    assert b is not None and int(b.split(":")[0]) > int(a.split(":")[0])
+
+
+def test_a_lease_that_is_not_renewed_runs_out(store: BaseStore) -> None:
+    a = store.acquire_leadership("sched-a", 0.2, T0)
+    assert a is not None
+    # (the memory store judges leases by the now it is given, Redis by its own clock)
+    b = poll_until(lambda: store.acquire_leadership("sched-b", 30.0, T0 + 10), 5.0,
+                   "the lease to run out")
+    assert b != a and not store.renew_leadership(a, 30.0, T0 + 10)
+
+
+def test_a_former_leaders_writes_are_fenced(store: BaseStore) -> None:
+    live(store, node())
+    job = store.submit(spec(gpus=1), T0)
+    old = store.acquire_leadership("sched-a", 30.0, T0)
+    assert old is not None
+    store.release_leadership(old)  # (as if its lease had run out while it was paused)
+    new = store.acquire_leadership("sched-b", 30.0, T0 + 1)
+    assert new is not None
+    plan = Plan(starts=(start_of(job, ("n1", ["n1-g0"])),))
+    with store.fenced(old), pytest.raises(Fenced, match="has ended"):
+        store.apply(plan, T0 + 2)
+    with store.fenced(old), pytest.raises(Fenced):
+        store.cancel(job.id, T0 + 2)
+    assert store.get(job.id).state is JobState.PENDING  # nothing of it landed
+    assert store.allocations()["n1"] == {}
+    with store.fenced(new):
+        assert [j.id for j in store.apply(plan, T0 + 3).started] == [job.id]
+    assert store.fence_token() is None  # only inside the block
+    store.cancel(job.id, T0 + 4)  # writes outside a leader's block are not fenced

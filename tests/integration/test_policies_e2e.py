@@ -357,7 +357,7 @@ def test_small_job_moves_to_make_a_whole_node_for_a_wide_one(cluster: Cluster,
     config = tmp_path / "config.yaml"
     # a move must gain at least this long (600 s by default); the small jobs' 5 min limits
     # put the wide job's reservation minutes away
-    config.write_text("policy_settings:\n  spillway:\n    defrag_min_gain_s: 5\n")
+    config.write_text("policy_settings:\n  move:\n    defrag_min_gain_s: 5\n")
     cluster.env["SPILLWAY_CONFIG"] = str(config)
     cluster.start_scheduler()
     cluster.start_agent("n1", "2xA100-80GB")

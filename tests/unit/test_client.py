@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from broker.client import Client, JobTimeout
-from broker.commands import QUEUED
+from broker.commands import DIRTY, WAKE
 from broker.config import Config
 from broker.control import one_cycle
 from broker.errors import ConfigError, JobNotFound, SpecError
@@ -73,9 +73,8 @@ def test_submit_fills_defaults_and_triggers_a_cycle(client: Client) -> None:
     assert (job.priority, job.team) == ("normal", "default")
     assert job.spec.gpu_types == ("A100",)
     assert client.get(job.id) == job
-    assert client.store_redis.exists(QUEUED)
-    message = json.loads(client.store_redis.lindex("control", 0))
-    assert message["headers"]["task"] == "spillway.cycle"
+    assert client.store_redis.get(DIRTY) == b"1"  # a cycle is due: the leader is woken
+    assert client.store_redis.llen(WAKE) == 1
 
 
 def test_submit_accepts_a_jobspec_a_mapping_and_overrides(client: Client) -> None:
@@ -339,10 +338,12 @@ def test_two_clients_publish_to_their_own_cluster(redis_url: str) -> None:
         r.flushdb()
     clients = [Client(u, Config()) for u in urls]
     try:
-        for c in clients + clients[::-1]:
-            c.store_redis.delete(QUEUED)
+        for i, c in enumerate(clients + clients[::-1]):
+            for r in raws:
+                r.delete(WAKE)
             c.submit(command="true")
-        assert [r.llen("control") for r in raws] == [2, 2]
+            mine = raws[urls.index(c.redis_url)]
+            assert [r.llen(WAKE) for r in raws] == [int(r is mine) for r in raws], i
     finally:
         for c, r in zip(clients, raws):
             c.close()

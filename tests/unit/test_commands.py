@@ -43,8 +43,8 @@ def app(rec: Recorder) -> Celery:
 
 
 def test_task_names_are_spillway_names_and_distinct() -> None:
-    names = commands.NODE_TASKS + commands.CONTROL_TASKS + commands.PROVISION_TASKS
-    assert len(set(names)) == len(names) == 7
+    names = commands.NODE_TASKS + commands.PROVISION_TASKS
+    assert len(set(names)) == len(names) == 5
     assert all(n.startswith("spillway.") for n in names)
 
 
@@ -85,12 +85,12 @@ def raw(redis_url: str) -> Iterator[redis.Redis]:
         r.close()
 
 
-def test_triggers_coalesce_into_one_cycle_message(raw: redis.Redis) -> None:
-    rec = Recorder()
-    assert commands.trigger_cycle(app(rec), raw)
-    assert not commands.trigger_cycle(app(rec), raw)
-    assert rec.sent == [(commands.CYCLE, [], "control")]
-    assert raw.get(commands.DIRTY) == b"1" and raw.ttl(commands.QUEUED) > 0
+def test_triggers_coalesce_into_one_wake_up(raw: redis.Redis) -> None:
+    for _ in range(3):
+        commands.trigger_cycle(raw)
+    assert raw.get(commands.DIRTY) == b"1"
+    assert raw.lrange(commands.WAKE, 0, -1) == [b"1"]  # the leader wakes once
+    assert raw.blpop([commands.WAKE], timeout=1) == (commands.WAKE.encode(), b"1")
 
 
 # -- the actuator ---------------------------------------------------------------------------

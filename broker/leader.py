@@ -1,0 +1,155 @@
+"""``spillway scheduler``: leader election and the control loop, in one process.
+
+Run one scheduler or several; one leads. Leadership is a lease in the store
+(:meth:`BaseStore.acquire_leadership`) of ``leader_lease_s``, renewed every fifth of it by a
+thread of the leader, and a *fencing token* ``"<epoch>:<owner>"`` whose epoch grows with every
+new leadership. Every job write of the leader's cycles and reconciler is made under that token
+(:meth:`BaseStore.fenced`): the store checks, in the same atomic step as the write, that the
+token still leads, so a leader that was paused or cut off past its lease cannot apply a stale
+plan (:class:`~broker.errors.Fenced`); it stops leading and becomes a follower.
+
+Followers try to take the lease every fifth of it: when a leader dies (SIGKILL, mid-cycle
+included), another leads at most ``leader_lease_s`` plus a fifth of it later (1.8 s with the
+defaults, under two ``cycle_s``), and plans from the store as it finds it: a half-applied plan
+of the dead leader is a set of compare-and-set writes each whole or absent, and a job it left
+STARTING is re-sent by the reconciler.
+
+The leader runs a cycle at once when triggered (:func:`broker.commands.trigger_cycle` pushes
+onto a wake list the leader blocks on) and every ``cycle_s`` anyway, and the reconciler every
+``reconcile_s``. Nothing runs in another process: there is no Celery beat to outlive the
+scheduler. Leases of nodes are judged from the moment the store is reachable again after an
+outage (or from the Redis server's start, after a restart): a node is not declared dead for a
+silence the store itself caused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from broker.commands import WAKE
+from broker.control import run_cycles
+from broker.errors import Fenced
+from broker.reconciler import reconcile
+from broker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Leader:
+    """One scheduler's side of the election: whether it leads, and its control loop."""
+
+    rt: Runtime
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    stop: threading.Event = field(default_factory=threading.Event)
+    token: str | None = None
+    reachable_since: float = field(default_factory=time.time)  # the store answered again
+    leaderships: int = 0
+
+    @property
+    def lease_s(self) -> float:
+        return self.rt.config.leader_lease_s
+
+    # -- the election ----------------------------------------------------------------------
+
+    def try_lead(self) -> bool:
+        """Take the lease if no one holds it. True if this scheduler leads now."""
+        token = self.rt.store.acquire_leadership(self.owner, self.lease_s, time.time())
+        if token is not None and token != self.token:
+            self.token = token
+            self.leaderships += 1
+            log.warning("leading the schedulers (token %s)", token)
+        return self.token is not None
+
+    def _renew_loop(self) -> None:
+        """Renew the lease every fifth of it; on a refusal, stop leading at once."""
+        while not self.stop.wait(self.lease_s / 5):
+            token = self.token
+            if token is None:
+                continue
+            try:
+                held = self.rt.store.renew_leadership(token, self.lease_s, time.time())
+            except redis.RedisError as e:
+                log.warning("cannot renew the leader's lease (%s); retrying", e)
+                continue
+            if not held and self.token == token:
+                log.warning("the leader's lease %s has ended: following", token)
+                self.token = None
+
+    def resign(self) -> None:
+        token, self.token = self.token, None
+        if token is not None:
+            with contextlib.suppress(redis.RedisError):  # (else the lease runs out)
+                self.rt.store.release_leadership(token)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Lead or follow until ``stop`` is set."""
+        renewer = threading.Thread(target=self._renew_loop, name="spillway-lease", daemon=True)
+        renewer.start()
+        cfg = self.rt.config
+        next_reconcile = 0.0
+        try:
+            while not self.stop.is_set():
+                try:
+                    if self.token is None and not self.try_lead():
+                        self.stop.wait(self.lease_s / 5)
+                        continue
+                    token = self.token
+                    if token is None:
+                        continue
+                    with self.rt.store.fenced(token):
+                        run_cycles(self.rt)
+                        if time.monotonic() >= next_reconcile:
+                            reconcile(self.rt, judge_from=self.judge_from())
+                            next_reconcile = time.monotonic() + cfg.reconcile_s
+                    wait = max(0.01, min(cfg.cycle_s, next_reconcile - time.monotonic()))
+                    self.rt.redis.blpop([WAKE], timeout=wait)
+                except Fenced as e:
+                    log.warning("%s", e)
+                    self.token = None
+                except redis.RedisError as e:
+                    log.warning("the store is unreachable (%s); retrying", e)
+                    self.stop.wait(min(1.0, self.lease_s / 5))
+                    self.reachable_since = time.time()  # judged again from when it answers
+        finally:
+            self.stop.set()
+            renewer.join(self.lease_s)
+            self.resign()
+
+    def judge_from(self) -> float:
+        """Node leases are judged from this time at the earliest: the later of the last time
+        the store became reachable to this scheduler and the store server's start."""
+        return max(self.reachable_since, self.rt.store.store_started_at(time.time()))
+
+
+def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNING") -> int:
+    """Run the scheduler until SIGTERM or SIGINT. Returns the exit code."""
+    from broker.config import Config
+    from broker.runtime import init_runtime
+
+    assert isinstance(config, Config)
+    logging.basicConfig(level=loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rt = init_runtime(redis_url, config)
+    leader = Leader(rt)
+
+    def _stop(signum: int, frame: object) -> None:
+        del signum, frame
+        leader.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    # blpop waits at most cycle_s, so a stop is seen within that
+    leader.run()
+    return 0
