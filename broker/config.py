@@ -52,7 +52,9 @@ class Config:
     leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
     # this and a fifth of it after the leader dies (broker/leader.py)
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
-    max_attempts: int = 5  # a job lost or preempted more often than this fails
+    max_attempts: int = 5  # a job whose node dies under it this many times fails
+    max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
+    # relief and scavenger evictions: each restarts from its checkpoint)
     default_class: str = "normal"
     default_team: str = "default"
     state_dir: str = "~/.local/state/spillway"

@@ -80,11 +80,16 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
             S.LOST,  # the node died while stopping
         }
     ),
-    S.PREEMPTED: frozenset({S.PENDING}),  # requeued, attempt + 1
+    S.PREEMPTED: frozenset(
+        {
+            S.PENDING,  # requeued, attempt + 1
+            S.FAILED,  # evicted max_preemptions times: it gives up
+        }
+    ),
     S.LOST: frozenset(
         {
             S.PENDING,  # requeued, attempt + 1
-            S.FAILED,  # too many attempts lost
+            S.FAILED,  # its node died under it max_attempts times: it gives up
         }
     ),
     S.SUCCEEDED: frozenset(),  # terminal

@@ -332,7 +332,8 @@ class BaseStore(ABC):
 
     def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
-        return self._update(job_id, T.report, attempt, event, now)
+        return self._update(job_id, T.report, attempt, event, now,
+                            self.config.max_preemptions)
 
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
         return self._update(job_id, T.cancel, now, reason)
@@ -458,20 +459,28 @@ class BaseStore(ABC):
                 NodeState.DOWN:
             self._mark_down(node.id, old.incarnation, _FOREVER)
             lost = self._lose_jobs_on(node.id, now, "Agent restarted")
+        if old is not None and old.drained_by:  # an operator's drain sticks, even across an
+            node = replace(node, state=NodeState.DRAINING,  # agent restart or a DOWN spell
+                           drained_by=old.drained_by)
         elif old is not None and old.incarnation == node.incarnation and \
                 old.state is NodeState.DRAINING and node.state is NodeState.READY:
-            node = replace(node, state=NodeState.DRAINING)  # an operator's drain sticks
+            node = replace(node, state=NodeState.DRAINING)  # (a drain recorded before
+            # drained_by existed: it sticks while this agent lives)
         self._put_node(node, now + ttl)
         return lost
 
-    def set_node_state(self, node_id: str, state: NodeState) -> Node:
-        """Drain (DRAINING) or resume (READY) a node. DOWN is only reached by lease expiry."""
+    def set_node_state(self, node_id: str, state: NodeState, by: str = "operator") -> Node:
+        """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
+        on a resume). DOWN is only reached by lease expiry."""
         if state is NodeState.DOWN:
             raise ValueError("a node goes DOWN only when its lease expires; drain it instead")
         node = next((n for n in self._load_nodes() if n.id == node_id), None)
         if node is None:
             raise NodeNotFound(node_id)
-        new = replace(node, state=state)
+        new = replace(node, state=state,
+                      drained_by=by if state is NodeState.DRAINING else "")
+        if node.state is NodeState.DOWN:  # (it stays DOWN until its agent is back)
+            new = replace(new, state=NodeState.DOWN)
         self._put_node(new, node.lease_expires)
         return new
 

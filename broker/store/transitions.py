@@ -77,7 +77,8 @@ def check_attempt(job: Job, attempt: int) -> None:
         raise StaleAttempt(job.id, attempt, job.attempt, job.state.value)
 
 
-def report(job: Job, attempt: int, event: JobEvent, now: float) -> Change | None:
+def report(job: Job, attempt: int, event: JobEvent, now: float,
+           max_preemptions: int = 10**9) -> Change | None:
     """Apply an agent's report; None when it changes nothing (a repeated message)."""
     check_attempt(job, attempt)
     if isinstance(event, Started):
@@ -115,7 +116,7 @@ def report(job: Job, attempt: int, event: JobEvent, now: float) -> Change | None
         finished_at=now if final in TERMINAL else None,
     )
     if final is S.PREEMPTED:
-        new = requeued(new, now, max_attempts=10**9)
+        new = requeued(new, now, max_attempts=10**9, max_preemptions=max_preemptions)
     return Change(_bump(new), job.version, release=release, release_owner=owner)
 
 
@@ -132,10 +133,21 @@ def _final_state(job: Job, code: int, why: str) -> tuple[JobState, str]:
     return S.FAILED, f"{why} (exit {code})"
 
 
-def requeued(job: Job, now: float, max_attempts: int) -> Job:
-    """PREEMPTED or LOST -> PENDING with the attempt raised (LOST past max_attempts: FAILED)."""
-    if job.state is S.LOST and job.attempt >= max_attempts:
-        return job.with_state(S.FAILED, now, f"Gave up after {job.attempt} lost attempts",
+def outcomes(job: Job, outcome: JobState) -> int:
+    """How many of the job's attempts ended so (LOST: its node died; PREEMPTED: evicted)."""
+    return sum(1 for a in job.attempts if a.outcome == outcome.value)
+
+
+def requeued(job: Job, now: float, max_attempts: int, max_preemptions: int = 10**9) -> Job:
+    """PREEMPTED or LOST -> PENDING with the attempt raised. A job lost ``max_attempts``
+    times fails, and so does one preempted ``max_preemptions`` times: each limit counts its
+    own kind of ending (a preemption is not a loss)."""
+    if job.state is S.LOST and (n := outcomes(job, S.LOST)) >= max_attempts:
+        return job.with_state(S.FAILED, now, f"Gave up after {n} lost attempts "
+                                             f"(max_attempts {max_attempts})", finished_at=now)
+    if job.state is S.PREEMPTED and (n := outcomes(job, S.PREEMPTED)) >= max_preemptions:
+        return job.with_state(S.FAILED, now, f"Gave up after {n} preemptions "
+                                             f"(max_preemptions {max_preemptions})",
                               finished_at=now)
     return job.with_state(
         S.PENDING,

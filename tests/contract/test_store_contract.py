@@ -16,7 +16,7 @@ from broker.plan import Plan, Preempt, Start
 from broker.snapshots import SnapshotBuilder
 from broker.state import JobState
 from broker.store import BaseStore, MemoryStore, RedisStore, open_store
-from broker.store.events import Exited, Started, StartFailed
+from broker.store.events import STOPPED, Exited, Started, StartFailed
 from broker.store.transitions import Change
 from broker.waiting import poll_until
 
@@ -549,8 +549,21 @@ def test_lost_too_often_fails(store_factory) -> None:  # type: ignore[no-untyped
         assert job.attempt == attempt
         (job,) = store.heartbeat(node("n1", incarnation=boot + "x"), 10, T0 + attempt + 0.5)
     assert (job.state, job.attempt, job.finished_at) == (S.FAILED, 2, T0 + 2.5)
-    assert job.history[-1].reason == "Gave up after 2 lost attempts"
+    assert job.history[-1].reason == "Gave up after 2 lost attempts (max_attempts 2)"
     assert store.snapshot(T0 + 3).pending == ()
+
+
+def test_preemptions_are_not_losses_and_have_their_own_limit(  # type: ignore[no-untyped-def]
+        store_factory) -> None:
+    store = store_factory(Config(max_attempts=2, max_preemptions=3))
+    live(store, node("n1"))
+    job = store.submit(spec(), T0)
+    for attempt in (1, 2, 3):  # evicted three times: no loss, but its preemption limit
+        job = running(store, store.get(job.id), ("n1", ["n1-g0"]), now=T0 + attempt)
+        store.preempt(job.id, attempt, T0 + attempt + 0.1, "room")
+        job = store.report(job.id, attempt, Exited(0, 0, STOPPED), T0 + attempt + 0.2)
+        assert job.state is (S.PENDING if attempt < 3 else S.FAILED)
+    assert job.history[-1].reason == "Gave up after 3 preemptions (max_preemptions 3)"
 
 
 def test_mark_down_checks_the_incarnation(store: BaseStore) -> None:
@@ -732,6 +745,31 @@ def test_set_node_state_drains_but_never_downs(store: BaseStore) -> None:
         store.set_node_state("n1", NodeState.DOWN)
     with pytest.raises(NodeNotFound):
         store.set_node_state("ghost", NodeState.READY)
+
+
+def test_an_operators_drain_survives_agent_restarts_and_a_down_spell(store: BaseStore) -> None:
+    live(store, node("n1", incarnation="boot-1"), ttl=3.0)
+    drained = store.set_node_state("n1", NodeState.DRAINING)
+    assert (drained.state, drained.drained_by) == (NodeState.DRAINING, "operator")
+    store.heartbeat(node("n1", incarnation="boot-2"), 3.0, T0 + 1)  # the agent restarted
+    assert (store.nodes()[0].state, store.nodes()[0].drained_by) == (NodeState.DRAINING,
+                                                                     "operator")
+    assert [n.id for n in store.expire(T0 + 10)] == [] and store.nodes()[0].state is \
+        NodeState.DOWN  # its lease ran out
+    store.heartbeat(node("n1", incarnation="boot-3"), 3.0, T0 + 11)  # back after a DOWN spell
+    assert store.nodes()[0].state is NodeState.DRAINING
+    resumed = store.set_node_state("n1", NodeState.READY)
+    assert (resumed.state, resumed.drained_by) == (NodeState.READY, "")
+    store.heartbeat(node("n1", incarnation="boot-3"), 3.0, T0 + 12)
+    assert store.nodes()[0].state is NodeState.READY
+
+
+def test_an_agents_own_drain_ends_with_its_restart(store: BaseStore) -> None:
+    live(store, node("n1", incarnation="boot-1"))
+    store.heartbeat(node("n1", incarnation="boot-1", state=NodeState.DRAINING), 3.0, T0 + 1)
+    assert store.nodes()[0].state is NodeState.DRAINING  # (SIGTERM: it drains itself)
+    store.heartbeat(node("n1", incarnation="boot-2"), 3.0, T0 + 2)
+    assert store.nodes()[0].state is NodeState.READY
 
 
 def test_expire_spares_a_node_that_renewed(store: BaseStore) -> None:

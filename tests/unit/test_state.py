@@ -21,7 +21,7 @@ EDGES: set[tuple[JobState, JobState]] = {
     (S.RUNNING, S.LOST),
     (S.STOPPING, S.CANCELLED), (S.STOPPING, S.PREEMPTED), (S.STOPPING, S.SUCCEEDED),
     (S.STOPPING, S.FAILED), (S.STOPPING, S.LOST),
-    (S.PREEMPTED, S.PENDING),
+    (S.PREEMPTED, S.PENDING), (S.PREEMPTED, S.FAILED),
     (S.LOST, S.PENDING), (S.LOST, S.FAILED),
 }
 NON_EDGES = sorted(set(product(JobState, JobState)) - EDGES, key=lambda p: (p[0].value,

@@ -209,19 +209,35 @@ def test_final_state(state: JobState, target: JobState | None, code: int,
 # -- requeued and lose -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("state", "attempt", "max_attempts", "want_state", "want_attempt"), [
-    (S.PREEMPTED, 1, 5, S.PENDING, 2),
-    (S.PREEMPTED, 5, 5, S.PENDING, 6),  # preemption never uses up attempts
-    (S.LOST, 1, 5, S.PENDING, 2),
-    (S.LOST, 4, 5, S.PENDING, 5),
-    (S.LOST, 5, 5, S.FAILED, 5),
-    (S.LOST, 7, 5, S.FAILED, 7),
+def _ended(*outcomes: JobState) -> tuple[Attempt, ...]:
+    """Attempts 1.. that ended so, one second each."""
+    return tuple(Attempt(i, (), float(i), float(i) + 1, o.value)
+                 for i, o in enumerate(outcomes, start=1))
+
+
+L, P = S.LOST, S.PREEMPTED
+
+
+@pytest.mark.parametrize(("state", "ended", "limits", "want_state"), [
+    (S.PREEMPTED, (P,), (5, 100), S.PENDING),
+    (S.PREEMPTED, (P,) * 5, (5, 100), S.PENDING),  # a preemption is not a loss
+    (S.PREEMPTED, (L,) * 4 + (P,), (5, 100), S.PENDING),  # nor a loss before it, a preemption
+    (S.PREEMPTED, (P,) * 99, (5, 100), S.PENDING),
+    (S.PREEMPTED, (P,) * 100, (5, 100), S.FAILED),  # its own, higher limit
+    (S.LOST, (L,), (5, 100), S.PENDING),
+    (S.LOST, (L,) * 4, (5, 100), S.PENDING),
+    (S.LOST, (P,) * 4 + (L,), (5, 100), S.PENDING),  # preempted four times and lost once
+    (S.LOST, (L,) * 5, (5, 100), S.FAILED),
+    (S.LOST, (P, L, P, L, L, L, L), (5, 100), S.FAILED),
+    (S.LOST, (L,) * 2, (2, 100), S.FAILED),
 ])
-def test_requeued(state: JobState, attempt: int, max_attempts: int, want_state: JobState,
-                  want_attempt: int) -> None:
-    before = job(state, attempt=attempt, stop_target=S.PREEMPTED, parts_exited=((0, 1),),
-                 exit_code=1, started_at=20.0)
-    new = T.requeued(before, NOW, max_attempts)
+def test_requeued(state: JobState, ended: tuple[JobState, ...], limits: tuple[int, int],
+                  want_state: JobState) -> None:
+    attempt = len(ended)
+    before = replace(job(state, attempt=attempt, stop_target=S.PREEMPTED, parts_exited=((0, 1),),
+                         exit_code=1, started_at=20.0), attempts=_ended(*ended))
+    new = T.requeued(before, NOW, *limits)
+    want_attempt = attempt + 1 if want_state is S.PENDING else attempt
     assert (new.state, new.attempt) == (want_state, want_attempt)
     assert new.history[-1].attempt == want_attempt
     if want_state is S.PENDING:
@@ -231,15 +247,21 @@ def test_requeued(state: JobState, attempt: int, max_attempts: int, want_state: 
         assert new.attempts == before.attempts  # the past placement stays on record
     else:
         assert new.finished_at == NOW
-        assert new.history[-1].reason == f"Gave up after {attempt} lost attempts"
+        n = sum(1 for o in ended if o is state)
+        what = ("lost attempts (max_attempts" if state is S.LOST
+                else "preemptions (max_preemptions")
+        assert new.history[-1].reason.startswith(f"Gave up after {n} {what}")
 
 
-@pytest.mark.parametrize(("state", "attempt", "want_state"), [
-    (S.STARTING, 1, S.PENDING), (S.RUNNING, 2, S.PENDING), (S.STOPPING, 1, S.PENDING),
-    (S.RUNNING, 3, S.FAILED),
+@pytest.mark.parametrize(("state", "attempt", "lost_before", "want_state"), [
+    (S.STARTING, 1, 0, S.PENDING), (S.RUNNING, 2, 1, S.PENDING), (S.STOPPING, 1, 0, S.PENDING),
+    (S.RUNNING, 3, 2, S.FAILED),  # its third loss, with max_attempts 3
+    (S.RUNNING, 5, 1, S.PENDING),  # attempts 2-4 were preempted: a second loss only
 ])
-def test_lose(state: JobState, attempt: int, want_state: JobState) -> None:
+def test_lose(state: JobState, attempt: int, lost_before: int, want_state: JobState) -> None:
     before = job(state, GANG, attempt=attempt)
+    earlier = _ended(*([S.LOST] * lost_before + [S.PREEMPTED] * (attempt - 1 - lost_before)))
+    before = replace(before, attempts=(*earlier, *before.attempts))
     change = T.lose(before, NOW, "Node n1 lease expired", max_attempts=3)
     new = change.job
     assert (new.state, new.version, change.expected_version) == (want_state, 5, 4)
