@@ -77,10 +77,29 @@ def soon_free(cycle: Cycle) -> SoonFree:
 
 
 def fits(cycle: Cycle, job: Job, soon: SoonFree) -> bool:
-    """Would ``job`` fit on the devices free or being freed?"""
+    """Would ``job`` fit on the devices free or being freed, on nodes whose CPUs and memory,
+    free or being freed, hold it too?"""
     res = job.res
-    return any(sum(1 for nid in soon if soon[nid].get(k, 0) >= res.gpus) >= res.nodes
-               for k in cycle.index.wanted(res))
+    host = _host_soon(cycle) if res.cpus or res.memory_gb else None
+    return any(sum(1 for nid in soon if soon[nid].get(k, 0) >= res.gpus and (
+        host is None or (host[nid][0] >= res.cpus and host[nid][1] >= res.memory_gb)))
+        >= res.nodes for k in cycle.index.wanted(res))
+
+
+def _host_soon(cycle: Cycle) -> dict[str, tuple[float, float]]:
+    """Node -> (CPUs, memory) free or held by jobs already stopping for a preemption (once
+    per cycle)."""
+    out = cycle.notes.get("host_soon")
+    if out is None:
+        acc = {nid: [f.cpus, f.mem] for nid, f in cycle.index.nodes.items()}
+        for job in cycle.snap.active:
+            if job.state is JobState.STOPPING and job.stop_target is JobState.PREEMPTED:
+                for a in job.allocations:
+                    if a.node_id in acc:
+                        acc[a.node_id][0] += job.spec.cpus
+                        acc[a.node_id][1] += job.spec.memory_gb
+        out = cycle.notes["host_soon"] = {nid: (c, m) for nid, (c, m) in acc.items()}
+    return out  # type: ignore[no-any-return]
 
 
 def claim(cycle: Cycle, job: Job, soon: SoonFree) -> None:

@@ -209,6 +209,11 @@ class FreeIndex:
                 [c[2] for c in chosen])
 
     @staticmethod
+    def site_ok(f: _NodeFree, sites: tuple[str, ...]) -> bool:
+        """May a job restricted to ``sites`` run on this node's site?"""
+        return f.node.site in sites or (f.node.site != "onprem" and "cloud" in sites)
+
+    @staticmethod
     def fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:
         site_ok = f.node.site in sites or (f.node.site != "onprem" and "cloud" in sites)
         return site_ok and f.cpus >= res.cpus and f.mem >= res.memory_gb

@@ -11,7 +11,8 @@ Victims are tried in a documented, deterministic order (after Kubernetes' preemp
 likewise prefers the fewest, lowest-priority, most recently started victims):
 checkpointable first, then least work lost (GPU-seconds since the attempt started; a
 checkpointing job loses only its grace period), then lowest class rank, then youngest, then id.
-On each node the victims are taken in that order until the job fits, then any victim the job
+On each node the victims are taken in that order until the job fits (its GPUs, and its CPUs
+and memory where the node is short of them: a victim frees its own), then any victim the job
 does not need after all is spared again, latest first. The nodes needing the fewest victims
 (then the least work lost) are chosen.
 """
@@ -82,6 +83,31 @@ def take_until_fits(have: int, need: int, offers: Iterable[tuple[Victim, int]]
     return [v for v, _ in chosen]
 
 
+def take_until_host_fits(have: int, need: int, cpus_short: float, mem_short: float,
+                         offers: Iterable[tuple[Victim, int]]) -> list[Victim] | None:
+    """:func:`take_until_fits` on a node that is also short of CPUs or memory: victims are
+    taken until the devices fit and the CPUs and memory they free (their per-node request)
+    cover the shortfall; then any not needed for all three is spared, latest first."""
+    chosen: list[tuple[Victim, int]] = []
+
+    def enough(vs: list[tuple[Victim, int]]) -> bool:
+        return (have + sum(g for _, g in vs) >= need
+                and sum(v.job.spec.cpus for v, _ in vs) >= cpus_short
+                and sum(v.job.spec.memory_gb for v, _ in vs) >= mem_short)
+
+    if not enough(chosen):
+        for offer in offers:
+            chosen.append(offer)
+            if enough(chosen):
+                break
+        else:
+            return None
+    for i in range(len(chosen) - 1, -1, -1):
+        if enough(chosen[:i] + chosen[i + 1:]):
+            chosen.pop(i)
+    return [v for v, _ in chosen]
+
+
 def choose(job: Job, index: FreeIndex, soon_free: dict[str, dict[Kind, int]],
            victims: list[Victim], allowed: Callable[[Victim], bool]) -> list[Victim] | None:
     """The victims to evict so that ``job`` fits, or None if no allowed set makes room.
@@ -92,11 +118,16 @@ def choose(job: Job, index: FreeIndex, soon_free: dict[str, dict[Kind, int]],
     for kind in index.wanted(res):
         per_node: list[tuple[tuple[int, float], str, list[Victim]]] = []
         for nid, f in index.nodes.items():
-            if not index.fits_host(f, res, job.spec.sites):
+            if not index.site_ok(f, job.spec.sites):
                 continue
             offers = ((v, got) for v in victims
                       if (got := v.devices.get(nid, {}).get(kind, 0)) and allowed(v))
-            chosen = take_until_fits(soon_free.get(nid, {}).get(kind, 0), res.gpus, offers)
+            have = soon_free.get(nid, {}).get(kind, 0)
+            if f.cpus >= res.cpus and f.mem >= res.memory_gb:
+                chosen = take_until_fits(have, res.gpus, offers)
+            else:  # short of CPUs or memory too: the victims free theirs
+                chosen = take_until_host_fits(have, res.gpus, res.cpus - f.cpus,
+                                              res.memory_gb - f.mem, offers)
             if chosen is None:
                 continue
             cost = (len(chosen), sum(v.lost for v in chosen))

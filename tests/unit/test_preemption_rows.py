@@ -196,19 +196,36 @@ def test_preemption_rows(nodes: list[Node], active: list[Job], want: Job, victim
             assert not fits_without(s, want, victims - {v}), f"{v} was not needed"
 
 
-CPU_BUG = ("policies/preemption.py choose() tests each node with FreeIndex.fits_host, on the "
-           "CPUs and memory free now: the victims' CPUs and memory are not counted as freed, so "
-           "a job whose CPUs (or memory) are held by lower-ranked jobs can never preempt them")
+# Victims free their CPUs and memory as well as their GPUs (on the node, their per-node
+# request): a job whose CPUs or memory are held by lower-ranked jobs may evict them.
+# (node, queue, running, evicted)
+HOST = {
+    "the victim's CPUs make room": (
+        node("a", 4, cpus=32), [pending("crit", 4, cpus=16)], [running("v", 4, cpus=30)],
+        {"v"}),
+    "its memory too": (
+        node("a", 4, cpus=8, memory_gb=64), [pending("crit", 2, memory_gb=40)],
+        [running("v", 2, first=0, memory_gb=60)], {"v"}),
+    "GPUs free, CPUs held: a GPU-less part of the fit": (
+        node("a", 4, cpus=32), [pending("crit", 2, cpus=16)],
+        [running("v1", 1, first=0, cpus=10), running("v2", 1, first=1, cpus=10)], {"v1"}),
+    "two victims' CPUs together": (
+        node("a", 4, cpus=32), [pending("crit", 2, cpus=24)],
+        [running("v1", 1, first=0, cpus=14), running("v2", 1, first=1, cpus=14)],
+        {"v1", "v2"}),
+    "never enough CPUs on the node: no eviction": (
+        node("a", 4, cpus=32), [pending("crit", 1, cpus=64)], [running("v", 4, cpus=30)],
+        set()),
+}
 
 
-@pytest.mark.xfail(reason=CPU_BUG, strict=True)
-def test_victims_free_their_cpus_for_the_preemptor() -> None:
-    """The node has CPUs enough for the preemptor once the victim's CPUs are freed too."""
-    s = snap([node("a", 4, cpus=32)], [pending("crit", 4, cpus=16)],
-             [running("v", 4, cpus=30)])
-    plan = run_cycle(s, PRIORITY, NOW)
-    assert evicted(plan) == {"v"}
-    assert plan.pending["crit"].code == "Preempting"
+@pytest.mark.parametrize(("n", "queue", "active", "want"), list(HOST.values()), ids=list(HOST))
+def test_victims_free_their_cpus_and_memory(n: Node, queue: list[Job], active: list[Job],
+                                            want: set[str]) -> None:
+    plan = run_cycle(snap([n], queue, active), PRIORITY, NOW)
+    assert evicted(plan) == want
+    if want:
+        assert plan.pending["crit"].code == "Preempting"
 
 
 # -- take_until_fits on one node, directly ------------------------------------------------------
