@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from broker.model import Allocation, Job
+from broker.model import Allocation, Job, Resources
 from broker.plan import Reservation
 from policies.placement import FreeIndex, Kind
 from policies.registry import register
@@ -75,15 +75,49 @@ def release_profile(index: FreeIndex,
             for nid, per in acc.items()}
 
 
-def reserve(job: Job, index: FreeIndex, profile: Profile, now: float) -> Shadow | None:
+HostProfile = dict[str, list[tuple[float, float, float]]]  # node -> [(end, CPUs, memory)]
+
+
+def host_profile(running: Iterable[tuple[Job, float]]) -> HostProfile:
+    """When each node's CPUs and memory held by running jobs are expected back, soonest
+    first (jobs that ask for neither are left out)."""
+    acc: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for job, end in running:
+        if job.spec.cpus or job.spec.memory_gb:
+            done = {r for r, _ in job.parts_exited}
+            for a in job.allocations:
+                if a.rank not in done:
+                    acc[a.node_id].append((end, job.spec.cpus, job.spec.memory_gb))
+    return {nid: sorted(v) for nid, v in acc.items()}
+
+
+def _host_at(f: object, res: Resources, now: float, released: list[tuple[float, float, float]]
+             ) -> float:
+    """When the node has CPUs and memory for ``res``: now, the end that frees enough, or inf."""
+    cpus, mem = f.cpus, f.mem  # type: ignore[attr-defined]
+    if cpus >= res.cpus and mem >= res.memory_gb:
+        return now
+    for end, c, m in released:
+        cpus, mem = cpus + c, mem + m
+        if cpus >= res.cpus and mem >= res.memory_gb:
+            return max(now, end)
+    return math.inf
+
+
+def reserve(job: Job, index: FreeIndex, profile: Profile, now: float,
+            hosts: HostProfile | None = None) -> Shadow | None:
     """The earliest reservation for ``job``, or None if it can never be computed (jobs with
-    no limit and no estimate hold the GPUs it needs)."""
+    no limit and no estimate hold the GPUs it needs). ``hosts``: when running jobs give back
+    CPUs and memory (a node short of them now is ready once enough are back)."""
     res = job.res
     best: tuple[float, Kind, list[str]] | None = None
     for kind in index.wanted(res):
         ready: list[tuple[float, str]] = []
         for nid, f in index.nodes.items():
-            if not index.fits_host(f, res, job.spec.sites):
+            if not index.site_ok(f, job.spec.sites):
+                continue
+            host_at = _host_at(f, res, now, (hosts or {}).get(nid, []))
+            if not math.isfinite(host_at):
                 continue
             have = len(f.devices.get(kind, ()))
             at = now if have >= res.gpus else math.inf
@@ -94,7 +128,7 @@ def reserve(job: Job, index: FreeIndex, profile: Profile, now: float) -> Shadow 
                         at = max(now, end)
                         break
             if math.isfinite(at):
-                ready.append((at, nid))
+                ready.append((max(at, host_at), nid))
         if len(ready) < res.nodes:
             continue
         ready.sort()
@@ -130,7 +164,11 @@ class Easy(Reserver):
     may end up to this x the head's wait past the reservation's start (relaxed backfill)."""
 
     def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
-        shadow = reserve(job, cycle.index, profile, cycle.now)
+        hosts = None
+        if job.res.cpus or job.res.memory_gb:  # (when running jobs give CPUs and memory back)
+            hosts = host_profile([(j, cycle.end_of(j)) for j in cycle.snap.active]
+                                 + cycle.started)
+        shadow = reserve(job, cycle.index, profile, cycle.now, hosts)
         relax = float(cycle.settings("easy")["backfill_relax"])
         if shadow is not None and relax > 0:
             shadow.slack_s = relax * max(0.0, cycle.now - job.submitted_at)

@@ -175,14 +175,10 @@ def test_reservation_rows(nodes: list[Node], active: list[Job], pending: list[Jo
     assert codes(plan) == want_codes
 
 
-CPU_RESERVE_BUG = (
-    "policies/backfill.py reserve() tests each node with FreeIndex.fits_host on the CPUs (and "
-    "memory) free now, never on those free at the reservation's start: a head whose CPUs are "
-    "held by running jobs with known ends gets no reservation at all, so backfill is "
-    "unbounded and any later job may delay it")
+# A head short of CPUs (or memory) now is ready on a node once running jobs give enough back
+# (their expected ends), not never: it gets a reservation and backfill honours it.
 
 
-@pytest.mark.xfail(reason=CPU_RESERVE_BUG, strict=True)
 def test_a_head_waiting_for_cpus_still_gets_a_reservation() -> None:
     """The head's GPUs are free at 1000, its CPUs at 2000 (a CPU-only job's end)."""
     plan = run_cycle(snap([node("a", 8, cpus=16)], [job("head", 8, cpus=8, submitted=1)],
@@ -190,6 +186,12 @@ def test_a_head_waiting_for_cpus_still_gets_a_reservation() -> None:
                            running("r1", 6, cpus=1, time_limit=1000)]), EASY, NOW)
     assert plan.reservation is not None
     assert plan.reservation.start_at == 2000.0
+
+
+def test_a_head_whose_cpus_never_come_back_gets_no_reservation() -> None:
+    plan = run_cycle(snap([node("a", 8, cpus=16)], [job("head", 8, cpus=32, submitted=1)],
+                          [running("r1", 6, cpus=1, time_limit=1000)]), EASY, NOW)
+    assert plan.reservation is None  # (no node will ever have 32 CPUs)
 
 
 # -- the pieces directly ------------------------------------------------------------------------
