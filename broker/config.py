@@ -51,6 +51,8 @@ class Config:
     cycle_s: float = 1.0  # periodic scheduling cycle, besides event triggers
     leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
     # this and a fifth of it after the leader dies (broker/leader.py)
+    metrics_port: int = 9464  # the scheduler's Prometheus /metrics port (0: none)
+    agent_metrics_port: int = 9465  # each worker agent's /metrics port (0: none)
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
     max_attempts: int = 5  # a job whose node dies under it this many times fails
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,

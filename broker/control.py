@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from broker import commands
+from broker import commands, metrics
 from broker.actuator import apply_plan
 from broker.commands import DIRTY
 from broker.plan import Applied
@@ -73,6 +73,8 @@ def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, 
     t2 = time.perf_counter()
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()
+    metrics.scheduler_metrics(rt.config.classes).observe_cycle(
+        snap, plan, applied, {"snapshot": t1 - t0, "plan": t2 - t1, "apply": t3 - t2})
     pipe = rt.redis.pipeline(transaction=False)
     pipe.hset(STATS, mapping={
         "at": time.time(), "pending": len(snap.pending), "active": len(snap.active),

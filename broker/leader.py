@@ -38,6 +38,7 @@ import redis
 from broker.commands import WAKE
 from broker.control import run_cycles
 from broker.errors import Fenced
+from broker.metrics import SchedulerMetrics, scheduler_metrics, serve
 from broker.reconciler import reconcile
 from broker.runtime import Runtime
 
@@ -54,6 +55,10 @@ class Leader:
     token: str | None = None
     reachable_since: float = field(default_factory=time.time)  # the store answered again
     leaderships: int = 0
+
+    @property
+    def metrics(self) -> SchedulerMetrics:
+        return scheduler_metrics(self.rt.config.classes)
 
     @property
     def lease_s(self) -> float:
@@ -102,7 +107,9 @@ class Leader:
         try:
             while not self.stop.is_set():
                 try:
-                    if self.token is None and not self.try_lead():
+                    leading = self.token is not None or self.try_lead()
+                    self.metrics.observe_leadership(leading)
+                    if not leading:
                         self.stop.wait(self.lease_s / 5)
                         continue
                     token = self.token
@@ -111,7 +118,8 @@ class Leader:
                     with self.rt.store.fenced(token):
                         run_cycles(self.rt)
                         if time.monotonic() >= next_reconcile:
-                            reconcile(self.rt, judge_from=self.judge_from())
+                            self.metrics.observe_reconcile(
+                                reconcile(self.rt, judge_from=self.judge_from()))
                             next_reconcile = time.monotonic() + cfg.reconcile_s
                     wait = max(0.01, min(cfg.cycle_s, next_reconcile - time.monotonic()))
                     self.rt.redis.blpop([WAKE], timeout=wait)
@@ -126,6 +134,7 @@ class Leader:
             self.stop.set()
             renewer.join(self.lease_s)
             self.resign()
+            self.metrics.observe_leadership(False)
 
     def judge_from(self) -> float:
         """Node leases are judged from this time at the earliest: the later of the last time
@@ -143,6 +152,8 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rt = init_runtime(redis_url, config)
     leader = Leader(rt)
+    if config.metrics_port:
+        serve(leader.metrics.registry, config.metrics_port)
 
     def _stop(signum: int, frame: object) -> None:
         del signum, frame

@@ -32,6 +32,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from broker import metrics
 from broker.config import Config
 from broker.errors import JobNotFound, StaleAttempt
 from broker.model import Allocation, Job, Node, NodeState
@@ -112,6 +113,7 @@ class Agent:
 
     def heartbeat(self) -> None:
         self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
+        metrics.agent_metrics().beat()
 
     def drain(self, timeout: float | None = None) -> bool:
         """Stop taking jobs; preempt the local ones with the grace period and those placed here
@@ -192,6 +194,7 @@ class Agent:
                 self._remember_done(part.key)
                 if part.job_after is not None:
                     self._after_report(part.job_after)
+        metrics.agent_metrics().started(len(started))
         for part in started:
             self._report_started(part)
 
@@ -234,6 +237,7 @@ class Agent:
             self._local.pop(part.key, None)
             self._stopping.discard(part.key)
             self._remember_done(part.key)
+        metrics.agent_metrics().ended(part.exit_code)
         log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id, part.attempt,
                  part.rank, part.exit_code, part.reason)
         self._report_exit(part.key, Exited(part.rank, part.exit_code or 0, part.reason))
@@ -369,6 +373,9 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     agent = Agent(store, config, node, work_dir,
                   trigger=lambda: commands.trigger_cycle(control),
                   send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
+    if config.agent_metrics_port:
+        metrics.agent_metrics().count_running(lambda: len(agent._local))
+        metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port)
     try:
         set_node_handler(agent)
         if agent.register(give_up=stop_requested) and not stop_requested.is_set():
