@@ -115,9 +115,12 @@ class SchedulerMetrics:
         self.jobs_active = Gauge(
             "spillway_jobs_active", "Jobs holding GPUs, by state (STARTING, RUNNING, STOPPING)",
             ["state"], registry=r)
-        # The cloud issues fill these two; they stay empty on an on-prem cluster.
+        # The cloud issues fill these three; they stay empty on an on-prem cluster.
         self.instances = Gauge("spillway_instances", "Cloud instances rented, by state",
                                ["state"], registry=r)
+        self.instances_oldest = Gauge(
+            "spillway_instances_oldest_seconds", "Time the oldest instance in each state has "
+            "been in it (REQUESTED or BOOTING for long: stuck)", ["state"], registry=r)
         self.orphans = Gauge(
             "spillway_orphan_instances", "Cloud instances found running that the store does "
             "not know (tagged by Spillway, no instance record)", registry=r)
