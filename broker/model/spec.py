@@ -174,7 +174,7 @@ class JobSpec(BaseModel):
     def _gpu_types(cls, v: Any) -> tuple[str, ...]:
         if v is None:
             return ()
-        items = [v] if isinstance(v, str) else list(v)
+        items = _items(v, "GPU types, e.g. [A100, H100] or 'A100,H100'")
         out = []
         for item in items:
             for part in str(item).split(","):
@@ -218,7 +218,7 @@ class JobSpec(BaseModel):
     @field_validator("sites", mode="before")
     @classmethod
     def _sites(cls, v: Any) -> tuple[str, ...]:
-        items = [v] if isinstance(v, str) else list(v or ())
+        items = _items(v or (), f"sites, e.g. [onprem, cloud]; allowed: {', '.join(SITES)}")
         parts = [p.strip().lower() for item in items for p in str(item).split(",") if p.strip()]
         bad = [p for p in parts if p not in SITES]
         if bad or not parts:
@@ -273,7 +273,7 @@ class JobSpec(BaseModel):
         try:
             spec = cls.model_validate(dict(data))
         except ValidationError as e:
-            errors = [_field_error(err) for err in e.errors()]
+            errors = _merged([_field_error(err) for err in e.errors()])
             if config is not None and not any(f.field == "priority" for f in errors):
                 prio = data.get("priority") or config.default_class
                 if config.priority(str(prio)) is None:  # report the class with the rest
@@ -311,10 +311,38 @@ _ALLOWED_HINT = {
 }
 
 
+def _items(v: Any, what: str) -> list[Any]:
+    """A list field given as one string or a list of strings; ValueError otherwise."""
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(i, str) for i in v):
+        raise ValueError(f"must be a list of {what}")
+    return list(v)
+
+
+def _merged(errors: list[FieldError]) -> list[FieldError]:
+    """One error per field: a union's members each report their own (``Input should be a
+    valid list``, ``... a valid string``); say them as one, ``... or ...``."""
+    out: dict[str, FieldError] = {}
+    for err in errors:
+        seen = out.get(err.field)
+        if seen is None:
+            out[err.field] = err
+        elif err.problem not in seen.problem:
+            head = "Input should be "
+            more = err.problem.removeprefix(head) if seen.problem.startswith(head) else \
+                err.problem
+            out[err.field] = FieldError(err.field, f"{seen.problem} or {more}",
+                                        seen.allowed or err.allowed)
+    return list(out.values())
+
+
 def _field_error(err: Mapping[str, Any]) -> FieldError:
     loc = ".".join(str(p) for p in err.get("loc", ()) if not str(p).startswith("function-"))
-    # pydantic reports list[str] | str unions under the member types; name the field itself.
-    loc = re.sub(r"\.(list\[str\]|str)(\.\d+)?$", "", loc) or "spec"
+    # pydantic reports a union (list[str] | str) under its member types (list[str],
+    # list[constrained-str], str, constrained-str, ...); name the field itself.
+    loc = re.sub(r"\.((list|dict|tuple)\[[^\]]*\]|[a-z-]*str|int|float|bool)(\.\d+)?$", "",
+                 loc) or "spec"
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
         msg = "is not a JobSpec field"

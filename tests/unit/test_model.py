@@ -141,3 +141,18 @@ def test_config_errors(tmp_path: Path, text: str, words: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=words):
         load_config(path, env={})
+
+
+@pytest.mark.parametrize(("data", "field", "problem"), [
+    ({"command": None}, "command", "Input should be a valid list or a valid string"),
+    ({"command": ["a", 3]}, "command", "Input should be a valid string"),
+    ({"command": "x", "gpu_types": False}, "gpu_types", "must be a list of GPU types"),
+    ({"command": "x", "gpu_types": [1]}, "gpu_types", "must be a list of GPU types"),
+    ({"command": "x", "sites": 7}, "sites", "must be a list of sites"),
+])
+def test_found_by_fuzzing_every_bad_field_is_named(data: dict[str, object], field: str,
+                                                    problem: str) -> None:
+    with pytest.raises(SpecError) as info:
+        JobSpec.parse(data, CFG)
+    assert [(e.field, e.problem.startswith(problem)) for e in info.value.errors] == [
+        (field, True)], info.value.errors
