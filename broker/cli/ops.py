@@ -1,28 +1,109 @@
-"""Operator commands: nodes, drain, resume, scheduler, worker, up."""
+"""Operator commands: status, nodes, drain, resume, scheduler, worker, up."""
 
 from __future__ import annotations
 
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Group
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from broker.cli.common import (
     err,
     fail,
+    fmt_duration,
     out,
     parse_pairs,
     print_json,
     redacted,
     settings,
 )
-from broker.cli.render import nodes_table
+from broker.cli.render import nodes_table, queued_at
 from broker.cli.root import app
 
 Opt = typer.Option
+
+
+def status_data(client: Any) -> dict[str, Any]:
+    """The cluster at a glance, from the store: leader, nodes, queue by class, active jobs and
+    cloud instances (none until the cloud lands)."""
+    now = time.time()
+    store = client.store
+    leader = store.leader(now)
+    drained = {n.id: n.drained_by for n in store.nodes()}
+    snap = store.snapshot(now)
+    queue = {c.name: {"class": c.name, "pending": 0, "oldest_wait_s": 0.0, "sla_s": c.sla_s}
+             for c in client.config.classes}
+    for job in snap.pending:
+        row = queue.setdefault(job.priority, {"class": job.priority, "pending": 0,
+                                              "oldest_wait_s": 0.0, "sla_s": None})
+        row["pending"] += 1
+        row["oldest_wait_s"] = round(max(row["oldest_wait_s"], now - queued_at(job)), 3)
+    active = {s: sum(j.state.value == s for j in snap.active)
+              for s in ("STARTING", "RUNNING", "STOPPING")}
+    return {
+        "at": now,
+        "leader": None if leader is None else {"token": leader[0],
+                                               "lease_left_s": round(leader[1], 3)},
+        "nodes": [{"id": v.id, "state": v.state, "site": v.site, "gpus_free": v.free,
+                   "gpus_total": v.total, "drained_by": drained.get(v.id, "")}
+                  for v in client.nodes()],
+        "queue": list(queue.values()),
+        "running": active["RUNNING"],
+        "active": active,
+        "instances": [],  # cloud instances by state: filled when the cloud lands
+    }
+
+
+def status_screen(data: dict[str, Any]) -> Group:
+    lead = data["leader"]
+    parts: list[Any] = [
+        Text.assemble(("Leader     ", "bold"),
+                      (f"{lead['token']}, lease {lead['lease_left_s']:.1f}s left", "green")
+                      if lead else ("none: no scheduler leads (start `spillway scheduler`)",
+                                    "red"))]
+    nodes = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
+                  title=f"Nodes ({len(data['nodes'])})", title_style="bold")
+    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "DRAINED BY"):
+        nodes.add_column(col, no_wrap=True)
+    for n in data["nodes"]:
+        style = {"READY": "green", "DRAINING": "yellow"}.get(n["state"], "red")
+        nodes.add_row(escape(n["id"]), Text(n["state"], style=style), escape(n["site"]),
+                      f"{n['gpus_free']}/{n['gpus_total']}", escape(n["drained_by"] or "-"))
+    queue = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
+                  title="Queue", title_style="bold")
+    for col in ("CLASS", "PENDING", "OLDEST WAIT", "SLA"):
+        queue.add_column(col, no_wrap=True)
+    for q in data["queue"]:
+        late = q["sla_s"] is not None and q["oldest_wait_s"] > q["sla_s"]
+        queue.add_row(escape(q["class"]), str(q["pending"]),
+                      Text(fmt_duration(q["oldest_wait_s"]) if q["pending"] else "-",
+                           style="red" if late else ""),
+                      fmt_duration(q["sla_s"]) if q["sla_s"] is not None else "-")
+    a = data["active"]
+    parts += [nodes if data["nodes"] else Text("Nodes      none registered"), queue,
+              Text.assemble(("Running    ", "bold"), f"{data['running']} job(s) "
+                            f"({a['STARTING']} starting, {a['STOPPING']} stopping)"),
+              Text.assemble(("Cloud      ", "bold"), "none")]
+    return Group(*parts)
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON (one object).")] = False,
+) -> None:
+    """One screen: the leading scheduler, nodes, the queue by class, running jobs, cloud."""
+    data = status_data(settings(ctx).client())
+    if as_json:
+        print_json(data)
+    else:
+        out.print(status_screen(data))
 
 
 @app.command()

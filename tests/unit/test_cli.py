@@ -15,7 +15,7 @@ from tests.conftest import with_db
 
 DB = 13
 COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "drain", "resume",
-            "scheduler",
+            "status", "scheduler",
             "worker", "up", "demo", "bench", "bench cycle", "bench dispatch"]
 
 
@@ -207,3 +207,58 @@ def test_drain_and_resume_a_node(url: str) -> None:
     assert code == 0 and store.nodes()[0].state is NodeState.READY
     code, _, err = cli("drain", "ghost", url=url)
     assert code == 1 and "no node with id 'ghost'" in err
+
+
+def test_status_shows_leader_nodes_queue_running_and_cloud(url: str) -> None:
+    import time
+
+    from broker.model import Allocation, Gpu, JobSpec, Node, NodeState
+    from broker.plan import Plan, Start
+    from broker.store import open_store
+
+    store = open_store(url)
+    now = time.time()
+    code, out, _ = cli("status", url=url)
+    assert code == 0 and "Leader     none" in out and "Nodes      none registered" in out
+    gpus = tuple(Gpu(f"GPU-{i}", i, "A100-80GB", 80.0) for i in range(2))
+    store.heartbeat(Node("gpu01", gpus), 60.0, now)
+    store.heartbeat(Node("gpu02", gpus[:1]), 60.0, now)
+    store.set_node_state("gpu02", NodeState.DRAINING, "alice")
+    old = store.submit(JobSpec(command=["true"], gpus=1, priority="critical"), now - 600)
+    store.submit(JobSpec(command=["true"], gpus=1, priority="critical"), now - 30)
+    store.submit(JobSpec(command=["true"], gpus=1), now - 60)
+    run = store.submit(JobSpec(command=["true"], gpus=1), now)
+    store.apply(Plan(starts=(Start(run.id, 1, run.version,
+                                   (Allocation("gpu01", ("GPU-0",)),)),)), now)
+    token = store.acquire_leadership("sched-a", 10.0, now)
+    assert token is not None
+
+    code, out, _ = cli("status", "--json", url=url)
+    assert code == 0
+    data = json.loads(out)
+    assert data["leader"]["token"] == token and 0 < data["leader"]["lease_left_s"] <= 10
+    assert data["nodes"] == [
+        {"id": "gpu01", "state": "READY", "site": "onprem", "gpus_free": 1, "gpus_total": 2,
+         "drained_by": ""},
+        {"id": "gpu02", "state": "DRAINING", "site": "onprem", "gpus_free": 1,
+         "gpus_total": 1, "drained_by": "alice"}]
+    queue = {q["class"]: q for q in data["queue"]}
+    assert list(queue) == ["critical", "high", "normal", "low"]
+    assert queue["critical"]["pending"] == 2 and queue["normal"]["pending"] == 1
+    assert 600 <= queue["critical"]["oldest_wait_s"] < 660
+    assert queue["high"] == {"class": "high", "pending": 0, "oldest_wait_s": 0.0,
+                             "sla_s": 1800}
+    assert data["active"] == {"STARTING": 1, "RUNNING": 0, "STOPPING": 0}
+    assert data["running"] == 0 and data["instances"] == []
+    assert store.get(old.id).state.value == "PENDING"
+
+    code, out, _ = cli("status", url=url)
+    assert code == 0
+    assert f"Leader     {token}, lease" in out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert lines["gpu01"][1:4] == ["READY", "onprem", "1/2"]
+    assert lines["gpu02"][1:] == ["DRAINING", "onprem", "1/1", "alice"]
+    assert lines["critical"][1:3] == ["2", "10m00s"]
+    assert lines["high"][1:3] == ["0", "-"]
+    assert "Running    0 job(s) (1 starting, 0 stopping)" in out
+    assert "Cloud      none" in out
