@@ -1,0 +1,61 @@
+"""An agent cut off and then back (a zombie): fencing refuses its stale reports.
+
+The agent running a job is frozen with SIGSTOP (as a partition would cut it off) for longer
+than its lease: the reconciler declares its node dead, the job is requeued (attempt 2) and
+runs on the other node. The frozen agent is then let go (SIGCONT): its reports about attempt
+1 are refused by the store (the attempt is stale), it stops that attempt's process, and the
+job's outcome is recorded once, by attempt 2.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.model import JobSpec
+from broker.state import JobState
+from tests.integration.harness import Cluster, wait_until, with_db
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(with_db(redis_url, 9), tmp_path)
+    try:
+        yield c
+    finally:
+        for name in c.procs:
+            print(f"----- {name} log tail -----\n{c.logs_of(name)[-2000:]}")
+        for p in c.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        c.stop()
+
+
+def test_a_zombie_agents_stale_reports_are_refused(cluster: Cluster, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    cluster.start_scheduler()
+    cluster.start_agent("n1", "2xA100-80GB")
+    job = cluster.client.submit(JobSpec(
+        command=f"echo $SPILLWAY_NODE_ID >> {marker}; sleep 3", gpus=2, name="z"))
+    wait_until(lambda: cluster.client.get(job.id).state is JobState.RUNNING, 30, "it to run")
+    cluster.start_agent("n2", "2xA100-80GB")
+    zombie = cluster.procs["n1"]
+    zombie.send_signal(signal.SIGSTOP)  # cut off: no heartbeat, no reports
+    moved = wait_until(lambda: (j := cluster.client.get(job.id)).attempt == 2
+                       and j.state is JobState.RUNNING and j, 30, "attempt 2 to run on n2")
+    assert moved.allocations[0].node_id == "n2"
+    zombie.send_signal(signal.SIGCONT)  # back: it still thinks it runs attempt 1
+    done = wait_until(lambda: (j := cluster.client.get(job.id)).state is JobState.SUCCEEDED
+                      and j, 60, "the job to finish")
+    assert [(a.number, a.outcome) for a in done.attempts] == [(1, "LOST"), (2, "SUCCEEDED")]
+    assert sum(1 for h in done.history if h.state is JobState.SUCCEEDED) == 1
+    assert [h.attempt for h in done.history if h.state is JobState.RUNNING] == [1, 2]
+    # the zombie came back and was told so: its attempt is stale
+    wait_until(lambda: "stale" in cluster.logs_of("n1").lower(), 30,
+               "the zombie to log its refused report")
+    assert marker.read_text().split() == ["n1", "n2"]
