@@ -179,24 +179,28 @@ class SchedulerMetrics:
 
     def _queue(self, snap: Snapshot, started: set[str]) -> None:
         """The queue as the cycle left it (less the jobs it started); breaches of every job
-        the cycle saw pending, started or not."""
+        the cycle saw pending, started or not. One tight pass: it runs every cycle."""
+        now, sla, never = snap.now, self.sla, float("inf")
         depth: dict[Labels, float] = {}
-        oldest: dict[Labels, float] = {}
+        first: dict[Labels, float] = {}  # the earliest queued_at
         breached: dict[tuple[str, int], str] = {}  # (job, attempt) -> class
+        pending = JobState.PENDING
         for job in snap.pending:
-            key = (job.priority, job.team)
-            waited = max(0.0, snap.now - queued_at(job))
-            if job.id not in started:
-                depth[key] = depth.get(key, 0.0) + 1
-                oldest[key] = max(oldest.get(key, 0.0), waited)
-            if waited > self.sla.get(job.priority, float("inf")):
+            h = job.history
+            at = h[-1].time if h and h[-1].state is pending else queued_at(job)
+            if now - at > sla.get(job.priority, never):
                 breached[(job.id, job.attempt)] = job.priority
+            if job.id not in started:
+                key = (job.priority, job.team)
+                depth[key] = depth.get(key, 0.0) + 1
+                if at < first.get(key, never):
+                    first[key] = at
         for seen, name in breached.items():
             if seen not in self._breached:
                 self.sla_breaches.labels(name).inc()
         self._breached = set(breached)  # only jobs still pending are remembered
         self._depth.set(depth)
-        self._oldest.set(oldest)
+        self._oldest.set({k: max(0.0, now - at) for k, at in first.items()})
 
     def _capacity(self, snap: Snapshot, applied: Applied) -> None:
         """GPUs, nodes and active jobs as the cycle left them (its starts and stops applied)."""
