@@ -13,12 +13,9 @@ backend supplies a handful of persistence primitives with compare-and-set semant
 from __future__ import annotations
 
 import json
-import threading
-import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker.config import Config
@@ -28,6 +25,7 @@ from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import JobEvent
+from broker.store.leadership import Leadership
 
 OK, VERSION, BUSY, DEAD, FENCED = "ok", "version", "busy", "dead", "fenced"
 _FOREVER = 1e300
@@ -68,14 +66,13 @@ def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:12]
 
 
-class BaseStore(ABC):
+class BaseStore(Leadership, ABC):
     """The rules; subclasses provide persistence."""
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self._last_reasons: dict[str, Reason] = {}
-        self._fence = threading.local()  # the fencing token this thread writes under
-        self._born = time.time()
+        Leadership.__init__(self)
         self._last_reservation: str | None = ""
 
     # -- primitives --------------------------------------------------------------------------
@@ -218,59 +215,6 @@ class BaseStore(ABC):
         reasons = dict(zip([j.id for j in pend], self._read_reasons([j.id for j in pend])))
         return [replace(j, pending_reason=reasons.get(j.id)) if j.id in reasons else j
                 for j in jobs]
-
-    # -- leadership --------------------------------------------------------------------------
-
-    @abstractmethod
-    def _acquire(self, owner: str, ttl_s: float, now: float) -> str | None: ...
-
-    @abstractmethod
-    def _renew(self, token: str, ttl_s: float, now: float) -> bool: ...
-
-    @abstractmethod
-    def _release(self, token: str) -> None: ...
-
-    @abstractmethod
-    def _leader(self, now: float) -> tuple[str, float] | None: ...
-
-    def acquire_leadership(self, owner: str, ttl_s: float, now: float) -> str | None:
-        """Lead the schedulers for ``ttl_s`` if no one does (an owner that leads already
-        renews): the fencing token ``"<epoch>:<owner>"``, whose epoch grows with every new
-        leadership, or None while another owner's lease runs."""
-        return self._acquire(owner, ttl_s, now)
-
-    def renew_leadership(self, token: str, ttl_s: float, now: float) -> bool:
-        """Extend the lease of ``token``; False if that leadership has ended."""
-        return self._renew(token, ttl_s, now)
-
-    def release_leadership(self, token: str) -> None:
-        """End the leadership of ``token`` now (a clean shutdown), if it still holds."""
-        self._release(token)
-
-    def leader(self, now: float) -> tuple[str, float] | None:
-        """The leader's token and the seconds left on its lease, or None."""
-        return self._leader(now)
-
-    @contextmanager
-    def fenced(self, token: str) -> Iterator[None]:
-        """Writes of this thread inside the block are a leader's: each job write checks, in
-        the same atomic step, that ``token`` still leads, and raises :class:`Fenced` if not
-        (a paused or cut-off former leader cannot apply a stale plan)."""
-        prev = getattr(self._fence, "token", None)
-        self._fence.token = token
-        try:
-            yield
-        finally:
-            self._fence.token = prev
-
-    def fence_token(self) -> str | None:
-        """The fencing token this thread writes under, if any."""
-        return getattr(self._fence, "token", None)
-
-    def store_started_at(self, now: float) -> float:
-        """When the store's server started (leases are judged from then at the earliest: a
-        node is not declared dead for a silence the store itself caused)."""
-        return self._born
 
     def _update(self, job_id: str, fn: Callable[..., T.Change | None], *args: object) -> Job:
         """Read, compute a Change with ``fn``, compare-and-set; retry on a lost race."""

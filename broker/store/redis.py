@@ -36,130 +36,21 @@ from broker.errors import StaleAttempt
 from broker.model import Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.lua import (
+    ACQUIRE,
+    ADD_USAGE,
+    APPEND_LOGS,
+    COMMIT,
+    MARK_DOWN,
+    PUT_NODE,
+    RELEASE,
+    RENEW,
+)
 from broker.store.transitions import Change
 
 LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
 LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
 _CHUNK = 1000  # commands per pipeline
-
-# KEYS: 1 job, 2 jobs:all, 3 jobs:pending, 4 jobs:active, then (node, alloc) per claim,
-#       then alloc per release, then the pending and active version hashes (job id -> version,
-#       so a snapshot re-reads only changed jobs), then reasons (dropped when a job leaves
-#       PENDING), then the leader key.
-# ARGV: 1 expected version, 2 new version, 3 doc, 4 state, 5 attempt, 6 score, 7 job id,
-#       8 pending 0/1, 9 active 0/1, 10 owner, 11 release owner, 12 #claims, 13 #releases,
-#       then the claimed GPU ids, then the released GPU ids, then the fencing token the leader
-#       key must hold ("": the write is not a leader's, nothing to check).
-_COMMIT = """
-local fence = ARGV[#ARGV]
-if fence ~= '' and redis.call('GET', KEYS[#KEYS]) ~= fence then return 'fenced' end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-if cur ~= tonumber(ARGV[1]) then return 'version' end
-local nc, nr = tonumber(ARGV[12]), tonumber(ARGV[13])
-for i = 1, nc do
-  local state = redis.call('HGET', KEYS[3 + 2 * i], 'state')
-  if (not state) or state == 'DOWN' then return 'dead' end
-  local owner = redis.call('HGET', KEYS[4 + 2 * i], ARGV[13 + i])
-  if owner and owner ~= ARGV[10] then return 'busy' end
-end
-for i = 1, nr do
-  local key, gpu = KEYS[4 + 2 * nc + i], ARGV[13 + nc + i]
-  if redis.call('HGET', key, gpu) == ARGV[11] then redis.call('HDEL', key, gpu) end
-end
-for i = 1, nc do redis.call('HSET', KEYS[4 + 2 * i], ARGV[13 + i], ARGV[10]) end
-redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', ARGV[2], 'state', ARGV[4],
-           'attempt', ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[6], ARGV[7])
-local vpend, vact, reasons = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS[#KEYS - 1]
-if ARGV[8] == '1' then
-  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])
-  redis.call('HSET', vpend, ARGV[7], ARGV[2])
-else
-  redis.call('ZREM', KEYS[3], ARGV[7])
-  redis.call('HDEL', vpend, ARGV[7])
-  redis.call('HDEL', reasons, ARGV[7])
-end
-if ARGV[9] == '1' then
-  redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
-  redis.call('HSET', vact, ARGV[7], ARGV[2])
-else
-  redis.call('ZREM', KEYS[4], ARGV[7])
-  redis.call('HDEL', vact, ARGV[7])
-end
-return 'ok'
-"""
-
-# Leadership. The leader key holds the leader's fencing token "<epoch>:<owner>" with a
-# lifetime (PX); the epoch grows with every new leadership, so tokens are never reused.
-# KEYS: 1 leader, 2 leader:epoch. ARGV: 1 owner, 2 lease ms. The token, or false if another
-# owner leads (its own lease is renewed if the owner already leads).
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local sep = string.find(cur, ':', 1, true)
-  if sep and string.sub(cur, sep + 1) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return cur
-  end
-  return false
-end
-local token = redis.call('INCR', KEYS[2]) .. ':' .. ARGV[1]
-redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-return token
-"""
-
-# KEYS: 1 leader. ARGV: 1 token, 2 lease ms. 1 if renewed, 0 if the leadership has ended.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# KEYS: 1 leader. ARGV: 1 token.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# KEYS: 1 node, 2 nodes, 3 nodes:seq. ARGV: 1 node id, 2 doc, 3 state, 4 incarnation,
-#       5 lease_expires. A node keeps the place in the order where it first registered.
-_PUT_NODE = """
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
-end
-redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'state', ARGV[3], 'incarnation', ARGV[4],
-           'lease_expires', ARGV[5])
-return 1
-"""
-
-# KEYS: 1 node, 2 alloc. ARGV: 1 expected incarnation, 2 now (the lease must have lapsed).
-_MARK_DOWN = """
-local cur = redis.call('HMGET', KEYS[1], 'incarnation', 'lease_expires')
-if (not cur[1]) or cur[1] ~= ARGV[1] then return 0 end
-if tonumber(cur[2]) > tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'DOWN')
-redis.call('DEL', KEYS[2])
-return 1
-"""
-
-# KEYS: 1 job, 2 stream. ARGV: 1 attempt, 2 time, 3 maxlen, 4 ttl, then (stream, text) pairs.
-_APPEND_LOGS = """
-local cur = redis.call('HMGET', KEYS[1], 'attempt', 'state')
-local attempt, state = cur[1], cur[2]
-if (not attempt) or tonumber(attempt) ~= tonumber(ARGV[1])
-   or not (ACTIVE_STATES) then
-  return {0, attempt or '0', state or 'MISSING'}
-end
-for i = 5, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*',
-             't', ARGV[2], 's', ARGV[i], 'x', ARGV[i + 1])
-end
-if #ARGV > 4 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
-return {1}
-""".replace("ACTIVE_STATES", " or ".join(f"state == '{s.value}'" for s in sorted(ACTIVE)))
-
 
 def _str(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -170,27 +61,6 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[i:i + size]
 
 
-# KEYS: usage hash, runtimes stream. ARGV: team, GPU-seconds, now, half-life, stream cap,
-# runtime sample JSON or "". Decay the team's total to now and add, in one step, so concurrent
-# reports never lose an increment; append the finished job's runtime in the same round trip.
-_ADD_USAGE = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local value, at = 0, tonumber(ARGV[3])
-if raw then
-  local rec = cjson.decode(raw)
-  value, at = rec[1], rec[2]
-end
-local now = tonumber(ARGV[3])
-local age = now - at
-if age < 0 then age = 0 end
-value = value * math.pow(0.5, age / tonumber(ARGV[4])) + tonumber(ARGV[2])
-if now < at then now = at end
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode({value, now}))
-if ARGV[6] ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 's', ARGV[6])
-end
-return 1
-"""
 RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
 
 
@@ -210,10 +80,10 @@ class RedisStore(BaseStore):
             else url_or_client
         )
         self.prefix = prefix
-        self._commit_script = self.redis.register_script(_COMMIT)
-        self._put_node_script = self.redis.register_script(_PUT_NODE)
-        self._mark_down_script = self.redis.register_script(_MARK_DOWN)
-        self._append_script = self.redis.register_script(_APPEND_LOGS)
+        self._commit_script = self.redis.register_script(COMMIT)
+        self._put_node_script = self.redis.register_script(PUT_NODE)
+        self._mark_down_script = self.redis.register_script(MARK_DOWN)
+        self._append_script = self.redis.register_script(APPEND_LOGS)
         p = prefix
         self._k_all, self._k_pending, self._k_active = (
             f"{p}jobs:all", f"{p}jobs:pending", f"{p}jobs:active")
@@ -222,12 +92,12 @@ class RedisStore(BaseStore):
         self._k_ver_pending, self._k_ver_active = f"{p}ver:pending", f"{p}ver:active"
         self._k_usage, self._k_runtimes, self._k_reservation = (
             f"{p}usage", f"{p}runtimes", f"{p}reservation")
-        self._usage_script = self.redis.register_script(_ADD_USAGE)
+        self._usage_script = self.redis.register_script(ADD_USAGE)
         self._k_order = f"{p}order"
         self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
-        self._acquire_script = self.redis.register_script(_ACQUIRE)
-        self._renew_script = self.redis.register_script(_RENEW)
-        self._release_script = self.redis.register_script(_RELEASE)
+        self._acquire_script = self.redis.register_script(ACQUIRE)
+        self._renew_script = self.redis.register_script(RENEW)
+        self._release_script = self.redis.register_script(RELEASE)
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
