@@ -54,6 +54,8 @@ class Config:
     metrics_port: int = 9464  # the scheduler's Prometheus /metrics port (0: none)
     agent_metrics_port: int = 9465  # each worker agent's /metrics port (0: none)
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
+    job_pids_max: int = 4096  # most processes/threads one job part may have (its cgroup's
+    # pids.max; not enforced where the agent runs jobs without cgroups, see workers/isolation)
     max_attempts: int = 5  # a job whose node dies under it this many times fails
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint)

@@ -39,6 +39,7 @@ from broker.model import Allocation, Job, Node, NodeState
 from broker.state import ACTIVE, JobState
 from broker.store.base import BaseStore
 from broker.store.events import Exited, JobEvent, Started
+from workers.isolation import Keeper, detect
 from workers.procs import kill_leftovers
 from workers.runner import Key, RunningPart, Supervisor
 
@@ -56,7 +57,9 @@ class Agent:
         self.store, self.config, self.node = store, config, node
         self.node_id = node.id
         self._trigger, self._send_stops = trigger, send_stops
-        self.sup = Supervisor(store, work_dir, on_exit=self._on_exit, grace_s=config.grace_s)
+        self.isolation = detect(node.id, work_dir, config.job_pids_max)  # warns if no cgroups
+        self.sup = Supervisor(store, work_dir, on_exit=self._on_exit, grace_s=config.grace_s,
+                              isolation=self.isolation)
         self._lock = threading.RLock()  # one start/stop decision at a time
         self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
         self._stopping: set[Key] = set()
@@ -373,6 +376,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     agent = Agent(store, config, node, work_dir,
                   trigger=lambda: commands.trigger_cycle(control),
                   send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
+    keeper = Keeper(agent.isolation)  # kills the jobs if this process dies, even by SIGKILL
     if config.agent_metrics_port:
         metrics.agent_metrics().count_running(lambda: len(agent._local))
         metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port)
@@ -393,6 +397,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     finally:
         set_node_handler(None)
         agent.close()
+        keeper.stop()
         control.close()
         getattr(store, "close", lambda: None)()
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import JobNotFound, StaleAttempt
 from broker.model import Job
@@ -46,6 +46,9 @@ from workers.procs import (
     job_launch,
     pdeathsig_prefix,
 )
+
+if TYPE_CHECKING:
+    from workers.isolation import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,7 @@ class RunningPart:
     _kill_at: float | None = None
     _logfile: Any = None
     _stale: bool = False
+    _box: Any = None  # its workers.isolation.JobBox: cgroup and scratch directory
 
     @property
     def key(self) -> Key:
@@ -102,7 +106,9 @@ class Supervisor:
 
     def __init__(self, store: BaseStore, work_dir: str, on_exit: Callable[[RunningPart], None]
                  | None = None, grace_s: float = 30.0, flush_s: float = 0.1,
-                 flush_lines: int = 500, clock: Callable[[], float] = time.time) -> None:
+                 flush_lines: int = 500, clock: Callable[[], float] = time.time,
+                 isolation: Isolation | None = None) -> None:
+        self.isolation = isolation  # None: no cgroups nor scratch directories (as before)
         self.store, self.on_exit, self.grace_s = store, on_exit, grace_s
         self.flush_s, self.flush_lines, self.clock = flush_s, flush_lines, clock
         self.work_dir = os.path.abspath(os.path.expanduser(work_dir))
@@ -216,6 +222,14 @@ class Supervisor:
         argv, cwd, env = job_launch(job, part.rank, part.gpu_ids, node_id, self._base_env,
                                     self.work_dir)
         env["SPILLWAY_AGENT"] = self._agent  # tells a leftover from a live agent's job
+        if self.isolation is not None:
+            try:
+                part._box = self.isolation.box(job.id, job.attempt, part.rank,
+                                               job.spec.memory_gb, job.spec.cpus)
+            except OSError as e:
+                raise StartError(f"cannot create the job's scratch directory: {e}") from None
+            argv = part._box.argv(argv)
+            env.update(part._box.env())
         return _Launch(part, self._prefix + argv, cwd, env, job.spec.time_limit)
 
     def _start_failed(self, part: RunningPart, message: str) -> None:
@@ -297,6 +311,8 @@ class Supervisor:
             os.close(out_w)
             os.close(err_w)
         part._proc, part.pid, part.started_at = proc, proc.pid, self.clock()
+        if part._box is not None:
+            part._box.started(proc.pid)
         try:
             part._pidfd = os.pidfd_open(proc.pid)
             self._sel.register(part._pidfd, selectors.EVENT_READ, ("exit", part))
@@ -344,6 +360,8 @@ class Supervisor:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(part.pid, sig)  # the group id is the pid: start_new_session
+        if sig == signal.SIGKILL and part._box is not None:
+            part._box.kill()  # its whole cgroup, processes that left the group included
 
     def _tick(self) -> None:
         for part in list(self._polled):
@@ -428,6 +446,8 @@ class Supervisor:
             code = 124  # a time limit never ends as success
         part.exit_code, part._proc = code, None
         part.reason = part._stop_reason or ("Signal" if returncode < 0 else "Exited")
+        if part._box is not None:
+            part.reason = part._box.end_reason(part.reason, returncode)
         self._flush(part)
         self._report(lambda: self._ended(part), remove=part.key)
 
@@ -473,6 +493,8 @@ class Supervisor:
                         len(lines), e, part._logfile.name)
 
     def _ended(self, part: RunningPart) -> None:
+        if part._box is not None:
+            part._box.release()  # no process of the part is left when its exit is reported
         if part._logfile is not None:
             part._logfile.close()
             part._logfile = None

@@ -1,0 +1,355 @@
+"""Per-job isolation: one cgroup per job part, a scratch directory, and the agent's keeper.
+
+:func:`detect` runs once at agent start and picks what the host allows:
+
+* **cgroup v2**: the unified mount has memory, pids and cpu in ``cgroup.controllers`` and
+  ``<root>/spillway/<node_id>`` can be made with them enabled in ``cgroup.subtree_control``;
+* **cgroup v1**: the memory, cpu, pids and freezer hierarchies are mounted and writable; a job
+  gets the same relative path ``spillway/<node_id>/<job>-<attempt>-<rank>`` in each;
+* **none**: one warning naming what is missing; jobs are killed by process group, as before.
+
+Each job part gets a :class:`JobBox`: its cgroup (memory limit = ``memory_gb``, CPU quota =
+``cpus``, ``job_pids_max`` processes), its scratch directory ``<work_dir>/scratch/<job>-<attempt>-
+<rank>`` (``SPILLWAY_SCRATCH_DIR`` and ``TMPDIR``), removed when the part ends. The job's process
+enters its cgroup before it execs the job's command: its argv is prefixed with
+``sh -c 'echo $$ > <cgroup.procs>...; exec "$@"'`` (no ``preexec_fn``, so Popen keeps using
+vfork/posix_spawn). :meth:`JobBox.kill` kills the whole cgroup, background processes included.
+
+The keeper (:mod:`workers.keeper`) kills the node's job cgroups when the agent dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from workers import keeper
+
+log = logging.getLogger(__name__)
+
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
+
+
+@dataclass
+class Isolation:
+    """What this host allows, detected once per agent. ``kind``: v2, v1 or none."""
+
+    kind: str
+    node_dirs: list[str]  # v2: one directory; v1: one per hierarchy (memory, cpu, pids, freezer)
+    work_dir: str
+    pids_max: int = 4096
+    missing: str = ""  # why there are no cgroups (kind none)
+
+    @property
+    def pgroup_dir(self) -> str:
+        """Without cgroups: one empty file per running job's process group, for the keeper."""
+        return os.path.join(self.work_dir, "pgroups")
+
+    @property
+    def scratch_root(self) -> str:
+        return os.path.join(self.work_dir, "scratch")
+
+    def box(self, job_id: str, attempt: int, rank: int, memory_gb: float, cpus: float
+            ) -> JobBox:
+        """Create the part's scratch directory and cgroup. A cgroup that cannot be made is
+        logged and the part runs without one (killed by process group)."""
+        name = safe_name(f"{job_id}-{attempt}-{rank}")
+        scratch = os.path.join(self.scratch_root, name)
+        os.makedirs(scratch, exist_ok=True)
+        box = JobBox(self, name, memory_gb, scratch)
+        if self.kind != "none":
+            try:
+                box.dirs = self._make_cgroup(name, memory_gb, cpus)
+            except OSError as e:
+                log.warning("job %s: no cgroup (%s); it is killed by process group", name, e)
+                box.dirs = []
+        return box
+
+    def _make_cgroup(self, name: str, memory_gb: float, cpus: float) -> list[str]:
+        dirs = [os.path.join(d, name) for d in self.node_dirs]
+        for d in dirs:
+            if os.path.isdir(d):  # a leftover of an earlier attempt with the same name
+                if self.kind == "v2":
+                    keeper.kill_v2(d)
+                else:
+                    keeper.kill_v1([d])
+                keeper.remove(d)
+            os.makedirs(d, exist_ok=True)
+        mem = int(memory_gb * 2**30) if memory_gb > 0 else 0
+        quota = int(cpus * CPU_PERIOD_US) if cpus > 0 else 0
+        if self.kind == "v2":
+            d = dirs[0]
+            if mem:
+                _write(os.path.join(d, "memory.max"), str(mem))
+                if os.path.exists(os.path.join(d, "memory.swap.max")):
+                    _write(os.path.join(d, "memory.swap.max"), "0")
+            if quota:
+                _write(os.path.join(d, "cpu.max"), f"{max(quota, 1000)} {CPU_PERIOD_US}")
+            _write(os.path.join(d, "pids.max"), str(self.pids_max))
+        else:
+            by = {os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(d)))): d
+                  for d in dirs}
+            if mem:
+                _write(os.path.join(by["memory"], "memory.limit_in_bytes"), str(mem))
+                memsw = os.path.join(by["memory"], "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):
+                    _write(memsw, str(mem))
+            if quota:
+                _write(os.path.join(by["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+                _write(os.path.join(by["cpu"], "cpu.cfs_quota_us"), str(max(quota, 1000)))
+            _write(os.path.join(by["pids"], "pids.max"), str(self.pids_max))
+        return dirs
+
+    def clean_leftovers(self) -> None:
+        """Remove the empty job cgroups and stale process-group files an earlier agent left.
+        Populated ones are left to :func:`workers.procs.kill_leftovers` (it knows whether
+        their agent still lives)."""
+        for d in self.node_dirs:
+            for name in keeper._listdir(d):
+                if os.path.isdir(os.path.join(d, name)):
+                    keeper.remove(os.path.join(d, name), wait_s=0)
+        for name in keeper._listdir(self.pgroup_dir):
+            if not name.isdigit() or not _group_alive(int(name)):
+                with _quiet():
+                    os.unlink(os.path.join(self.pgroup_dir, name))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+
+
+@dataclass(eq=False)
+class JobBox:
+    """One job part's cgroup (``dirs``; empty: none) and scratch directory."""
+
+    iso: Isolation
+    name: str
+    memory_gb: float
+    scratch: str
+    dirs: list[str] = field(default_factory=list)
+    pgid: int | None = None
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run by a shell step that first moves itself into the cgroup."""
+        if not self.dirs:
+            return argv
+        procs = " ".join(shlex.quote(os.path.join(d, "cgroup.procs")) for d in self.dirs)
+        step = f'for f in {procs}; do echo $$ > "$f" || exit 125; done; exec "$@"'
+        return ["/bin/sh", "-c", step, "sh", *argv]
+
+    def env(self) -> dict[str, str]:
+        return {"SPILLWAY_SCRATCH_DIR": self.scratch, "TMPDIR": self.scratch}
+
+    def started(self, pid: int) -> None:
+        """The part's process runs (its process group is ``pid``). Without a cgroup the keeper
+        learns the group from an empty file named after it."""
+        self.pgid = pid
+        if not self.dirs:
+            try:
+                os.makedirs(self.iso.pgroup_dir, exist_ok=True)
+                open(os.path.join(self.iso.pgroup_dir, str(pid)), "w").close()
+            except OSError as e:
+                log.warning("cannot record process group %d for the keeper: %s", pid, e)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the part: its cgroup, or its process group."""
+        if self.iso.kind == "v2" and self.dirs:
+            keeper.kill_v2(self.dirs[0])
+        elif self.dirs:
+            keeper.kill_v1(self.dirs)
+        if self.pgid is not None:
+            with _quiet():
+                os.killpg(self.pgid, signal.SIGKILL)
+
+    def oom_killed(self, returncode: int) -> bool:
+        """Did the kernel's OOM killer kill a process of this cgroup?"""
+        if not self.dirs:
+            return False
+        if self.iso.kind == "v2":
+            return _field(_read(os.path.join(self.dirs[0], "memory.events")), "oom_kill") > 0
+        mem = next((d for d in self.dirs if "/memory/" in d), self.dirs[0])
+        control = _read(os.path.join(mem, "memory.oom_control"))
+        if "oom_kill " in control:
+            return _field(control, "oom_kill") > 0
+        failcnt = _read(os.path.join(mem, "memory.failcnt")).strip()  # old kernels
+        return returncode == -signal.SIGKILL and failcnt.isdigit() and int(failcnt) > 0
+
+    def end_reason(self, reason: str, returncode: int) -> str:
+        """``reason``, or ``OutOfMemory (memory_gb N)`` after an OOM kill."""
+        if self.oom_killed(returncode):
+            return f"OutOfMemory (memory_gb {self.memory_gb:g})"
+        return reason
+
+    def release(self) -> None:
+        """After the part ended: kill what is left, remove the cgroup and the scratch."""
+        if self.dirs:
+            self.kill()
+            for d in self.dirs:
+                if not keeper.remove(d):
+                    log.warning("job cgroup %s not removed: processes still in it", d)
+        elif self.pgid is not None:
+            with _quiet():
+                os.unlink(os.path.join(self.iso.pgroup_dir, str(self.pgid)))
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _field(text: str, key: str) -> int:
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if k == key and v.strip().isdigit():
+            return int(v)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+
+
+def detect(node_id: str, work_dir: str, pids_max: int = 4096,
+           v2_root: str | None = None, v1_root: str = "/sys/fs/cgroup",
+           warn: bool = True) -> Isolation:
+    """The best isolation this host allows. ``v2_root``: the cgroup2 mount (default: the one
+    at ``/sys/fs/cgroup``, else ``/sys/fs/cgroup/unified``)."""
+    node = safe_name(node_id)
+    reasons = []
+    roots = [v2_root] if v2_root else ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+    for root in roots:
+        if not os.path.exists(os.path.join(root, "cgroup.controllers")):
+            continue
+        try:
+            node_dir = _make_v2(root, node)
+        except OSError as e:
+            reasons.append(f"cgroup v2 at {root}: {e}")
+            continue
+        iso = Isolation("v2", [node_dir], work_dir, pids_max)
+        break
+    else:
+        if not reasons:
+            reasons.append("no cgroup v2 mount")
+        try:
+            iso = Isolation("v1", _make_v1(v1_root, node), work_dir, pids_max)
+        except OSError as e:
+            reasons.append(f"cgroup v1: {e}")
+            iso = Isolation("none", [], work_dir, pids_max, missing="; ".join(reasons))
+    if iso.kind == "none":
+        if warn:
+            log.warning(
+                "no cgroups for jobs (%s): jobs are not isolated (CPUs, memory, pids are not "
+                "limited; memory_gb is not enforced and an out-of-memory kill is not reported "
+                "as such) and are killed by process group, so a process that leaves its group "
+                "can outlive its job", iso.missing)
+    else:
+        log.info("jobs run in cgroup %s under %s", iso.kind, ", ".join(iso.node_dirs))
+    iso.clean_leftovers()
+    return iso
+
+
+def _make_v2(root: str, node: str) -> str:
+    have = _read(os.path.join(root, "cgroup.controllers")).split()
+    lacking = [c for c in V2_CONTROLLERS if c not in have]
+    if lacking:
+        raise OSError(f"controllers {', '.join(lacking)} not delegated "
+                      f"(cgroup.controllers: {' '.join(have) or 'empty'})")
+    enable = " ".join("+" + c for c in V2_CONTROLLERS)
+    path = root
+    for part in ("spillway", node):
+        _enable(path, enable)
+        path = os.path.join(path, part)
+        os.makedirs(path, exist_ok=True)
+    _enable(path, enable)
+    return path
+
+
+def _enable(path: str, enable: str) -> None:
+    ctl = os.path.join(path, "cgroup.subtree_control")
+    on = _read(ctl).split()
+    if all(c in on for c in V2_CONTROLLERS):
+        return
+    try:
+        _write(ctl, enable)
+    except OSError as e:
+        raise OSError(f"cannot enable {enable} in {ctl}: {e.strerror}") from None
+
+
+def _make_v1(root: str, node: str) -> list[str]:
+    dirs = []
+    for c in keeper.V1_CONTROLLERS:
+        h = os.path.join(root, c)
+        if not os.path.exists(os.path.join(h, "cgroup.procs")):
+            raise OSError(f"the {c} hierarchy is not mounted at {h}")
+        d = os.path.join(h, "spillway", node)
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"cannot create {d}: {e.strerror}") from None
+        dirs.append(d)
+    return dirs
+
+
+# ---------------------------------------------------------------------------------------------
+# The keeper
+
+
+class Keeper:
+    """The agent's end of its keeper: :meth:`stop` on a clean stop, nothing on a crash."""
+
+    def __init__(self, iso: Isolation) -> None:
+        r, self._w = os.pipe()  # both close-on-exec: no job inherits the write end
+        root = os.path.dirname(os.path.dirname(os.path.abspath(keeper.__file__)))
+        code = (f"import sys; sys.path.insert(0, {root!r}); "
+                "from workers.keeper import main; main()")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", code, str(r), iso.kind, iso.pgroup_dir,
+                 *iso.node_dirs],
+                pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(r)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        try:
+            os.write(self._w, b"q")
+            os.close(self._w)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,160 @@
+"""The keeper: kills an agent's jobs when the agent dies, however it dies.
+
+One keeper per agent, started by :func:`workers.isolation.start_keeper` as
+``python -S -c 'from workers.keeper import main; main()' ...`` in its own session, so a SIGKILL
+of the agent (or of its process group) does not reach it. It blocks reading a pipe whose write
+end only the agent holds:
+
+* EOF (the agent is gone, even after SIGKILL or an OOM kill): kill every job cgroup under the
+  agent's node subtree (v2: ``cgroup.kill``; v1: freeze, SIGKILL each pid, thaw), SIGKILL the
+  process groups recorded in the agent's process-group directory (no cgroups), remove what it
+  can, exit;
+* one byte ``q`` (the agent stops cleanly and killed its jobs itself): exit.
+
+This module imports only the standard library's contextlib, os, signal, sys and time, so the
+keeper starts in a few milliseconds; :mod:`workers.isolation` uses the same kill functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+
+V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _write(path: str, text: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return True
+    except OSError:
+        return False
+
+
+def pids_in(path: str) -> list[int]:
+    """The pids in the cgroup directory ``path`` (``cgroup.procs``)."""
+    return [int(x) for x in _read(os.path.join(path, "cgroup.procs")).split() if x.isdigit()]
+
+
+def kill_v2(path: str) -> None:
+    """SIGKILL every process of a v2 cgroup (``cgroup.kill``, Linux 5.14; else pid by pid)."""
+    if not _write(os.path.join(path, "cgroup.kill"), "1"):
+        _kill_pids(path)
+
+
+def kill_v1(paths: list[str]) -> None:
+    """SIGKILL every process of a v1 job cgroup: ``paths`` are its directories, the freezer's
+    among them. Frozen first, so no process can fork a child the loop would miss."""
+    freezer = next((p for p in paths if "/freezer/" in p), None)
+    frozen = freezer is not None and _write(os.path.join(freezer, "freezer.state"), "FROZEN")
+    if frozen:
+        assert freezer is not None
+        deadline = time.monotonic() + 1.0
+        while (_read(os.path.join(freezer, "freezer.state")).strip() != "FROZEN"
+               and time.monotonic() < deadline):
+            time.sleep(0.001)
+    for p in paths:
+        _kill_pids(p)
+    if frozen:
+        assert freezer is not None
+        _write(os.path.join(freezer, "freezer.state"), "THAWED")  # let SIGKILL be delivered
+
+
+def _kill_pids(path: str) -> None:
+    for pid in pids_in(path):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def remove(path: str, wait_s: float = 2.0) -> bool:
+    """rmdir a job cgroup once its processes are gone (they may take a moment to exit)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+
+def kill_node(kind: str, node_dirs: list[str], pgroup_dir: str) -> int:
+    """Kill every job under the node's cgroup directories (``kind`` v2 or v1: one directory,
+    or one per v1 hierarchy) and every process group listed in ``pgroup_dir``; remove the job
+    cgroups. Returns how many job cgroups and process groups were killed."""
+    n = 0
+    if kind == "v2":
+        for d in node_dirs:
+            for name in _listdir(d):
+                job = os.path.join(d, name)
+                if os.path.isdir(job):
+                    kill_v2(job)
+                    n += 1
+            for name in _listdir(d):
+                remove(os.path.join(d, name))
+    elif kind == "v1":
+        names = sorted({n for d in node_dirs for n in _listdir(d)
+                        if os.path.isdir(os.path.join(d, n))})
+        for name in names:
+            kill_v1([os.path.join(d, name) for d in node_dirs])
+            n += 1
+        for name in names:
+            for d in node_dirs:
+                remove(os.path.join(d, name))
+    for name in _listdir(pgroup_dir):
+        if name.isdigit():
+            try:
+                os.killpg(int(name), signal.SIGKILL)
+                n += 1
+            except OSError:
+                pass
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(pgroup_dir, name))
+    return n
+
+
+def _listdir(d: str) -> list[str]:
+    try:
+        return os.listdir(d)
+    except OSError:
+        return []
+
+
+def main() -> None:
+    """``argv``: the pipe's read fd, the kind (v2, v1 or none), the process-group directory,
+    then the node's cgroup directories."""
+    fd, kind, pgroup_dir, node_dirs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the agent's terminal is its own
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        try:
+            data = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if data == b"q":
+            return
+        if not data:  # the agent is gone
+            n = kill_node(kind, node_dirs, pgroup_dir)
+            sys.stderr.write(f"spillway keeper: agent gone; killed {n} job(s)\n")
+            return
+
+
+if __name__ == "__main__":
+    main()
