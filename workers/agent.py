@@ -46,6 +46,7 @@ from workers.runner import Key, RunningPart, Supervisor
 log = logging.getLogger(__name__)
 
 _DONE_MEMORY = 50_000  # ended parts remembered, so a late or repeated start is ignored
+_START_REPORT_WAIT_S = 10.0  # an end waits this long at most for its start to be reported
 
 
 class Agent:
@@ -58,7 +59,7 @@ class Agent:
         self.node_id = node.id
         self._trigger, self._send_stops = trigger, send_stops
         self.isolation = detect(node.id, work_dir, config.job_pids_max)  # warns if no cgroups
-        self.sup = Supervisor(store, work_dir, on_exit=self._on_exit, grace_s=config.grace_s,
+        self.sup = Supervisor(store, work_dir, on_exits=self._on_exits, grace_s=config.grace_s,
                               isolation=self.isolation)
         self._lock = threading.RLock()  # one start/stop decision at a time
         self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
@@ -198,18 +199,29 @@ class Agent:
                 if part.job_after is not None:
                     self._after_report(part.job_after)
         metrics.agent_metrics().started(len(started))
-        for part in started:
-            self._report_started(part)
+        self._report_started(started)
 
-    def _report_started(self, part: RunningPart) -> None:
+    def _report_started(self, parts: list[RunningPart]) -> None:
+        """Report these parts Started, in one round trip; a part whose attempt is over is
+        killed. Their ends are reported only after this (:meth:`_on_exits` waits)."""
+        if not parts:
+            return
         try:
-            self.store.report(part.job_id, part.attempt, Started(part.rank, part.pid),
-                              time.time())
-        except (StaleAttempt, JobNotFound) as e:
-            log.warning("%s; killing the part just started", e)
-            self.sup.kill(part.job_id, part.attempt, "StaleAttempt")
-        except Exception as e:  # the store is unreachable: reconcile reports it again
-            log.warning("start of %s not reported yet (%s)", part.owner, e)
+            now = time.time()
+            try:
+                results: list[Job | Exception] = self.store.report_many(
+                    [(p.job_id, p.attempt, Started(p.rank, p.pid), now) for p in parts])
+            except Exception as e:  # the store is unreachable: reconcile reports them again
+                results = [e] * len(parts)
+            for part, result in zip(parts, results):
+                if isinstance(result, (StaleAttempt, JobNotFound)):
+                    log.warning("%s; killing the part just started", result)
+                    self.sup.kill(part.job_id, part.attempt, "StaleAttempt")
+                elif isinstance(result, Exception):
+                    log.warning("start of %s not reported yet (%s)", part.owner, result)
+        finally:
+            for part in parts:
+                part.start_reported.set()
 
     def _missing_parts(self, job: Job, attempt: int) -> list[Allocation]:
         """This node's parts of ``job``'s ``attempt`` that are not running here and never ran."""
@@ -234,16 +246,22 @@ class Agent:
 
     # -- ending --------------------------------------------------------------------------------
 
-    def _on_exit(self, part: RunningPart) -> None:
-        """Runs on the runner's reporter thread after the part's last log lines are stored."""
+    def _on_exits(self, parts: list[RunningPart]) -> None:
+        """Runs on the runner's reporter thread after the parts' last log lines are stored.
+        A part's end is reported after its start (so its history has both, in order)."""
+        for part in parts:
+            part.start_reported.wait(_START_REPORT_WAIT_S)
         with self._lock:
-            self._local.pop(part.key, None)
-            self._stopping.discard(part.key)
-            self._remember_done(part.key)
-        metrics.agent_metrics().ended(part.exit_code)
-        log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id, part.attempt,
-                 part.rank, part.exit_code, part.reason)
-        self._report_exit(part.key, Exited(part.rank, part.exit_code or 0, part.reason))
+            for part in parts:
+                self._local.pop(part.key, None)
+                self._stopping.discard(part.key)
+                self._remember_done(part.key)
+        for part in parts:
+            metrics.agent_metrics().ended(part.exit_code)
+            log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id,
+                     part.attempt, part.rank, part.exit_code, part.reason)
+        self._report_exits([(part.key, Exited(part.rank, part.exit_code or 0, part.reason))
+                            for part in parts])
 
     def _remember_done(self, key: Key) -> None:
         with self._lock:
@@ -252,23 +270,36 @@ class Agent:
                 self._done.popitem(last=False)
 
     def _report_exit(self, key: Key, event: JobEvent) -> None:
-        self._remember_done(key)
-        try:
-            job = self.store.report(key[0], key[1], event, time.time())
-        except (StaleAttempt, JobNotFound) as e:
-            log.info("exit report dropped: %s", e)
-            self._unreported.pop(key, None)
-            return
-        except Exception as e:
-            log.warning("exit of %s:%d rank %d not reported yet (%s); retrying at the next "
-                        "heartbeat", key[0], key[1], key[2], e)
-            if isinstance(event, Exited):
-                self._unreported[key] = event
-            return
-        self._unreported.pop(key, None)
-        self._after_report(job)
+        self._report_exits([(key, event)])
 
-    def _after_report(self, job: Job) -> None:
+    def _report_exits(self, items: list[tuple[Key, JobEvent]]) -> None:
+        """Report these ends in one round trip, then ask for one scheduling cycle."""
+        for key, _ in items:
+            self._remember_done(key)
+        now = time.time()
+        try:
+            results: list[Job | Exception] = self.store.report_many(
+                [(key[0], key[1], event, now) for key, event in items])
+        except Exception as e:
+            results = [e] * len(items)
+        reported = False
+        for (key, event), result in zip(items, results):
+            if isinstance(result, (StaleAttempt, JobNotFound)):
+                log.info("exit report dropped: %s", result)
+                self._unreported.pop(key, None)
+            elif isinstance(result, Exception):
+                log.warning("exit of %s:%d rank %d not reported yet (%s); retrying at the next "
+                            "heartbeat", key[0], key[1], key[2], result)
+                if isinstance(event, Exited):
+                    self._unreported[key] = event
+            else:
+                self._unreported.pop(key, None)
+                self._after_report(result, trigger=False)
+                reported = True
+        if reported:
+            self._safe(self._trigger)
+
+    def _after_report(self, job: Job, trigger: bool = True) -> None:
         if job.state is JobState.STOPPING and job.stop_target is JobState.FAILED:
             # a part of this gang failed: stop the others, here and elsewhere
             with self._lock:
@@ -277,7 +308,8 @@ class Agent:
             if here:
                 self.sup.stop(job.id, job.attempt, self.config.grace_s, "GangPartFailed")
             self._safe(lambda: self._send_stops(job))
-        self._safe(self._trigger)
+        if trigger:
+            self._safe(self._trigger)
 
     # -- reconcile (heartbeat thread) ----------------------------------------------------------
 
@@ -292,8 +324,8 @@ class Agent:
             self._judge(local, owners, jobs)
             wanted = [(jobs[j], a) for j, a in map(_split_owner, owners) if j in jobs]
             self._start(wanted)
-        for key, event in list(self._unreported.items()):
-            self._report_exit(key, event)
+        if self._unreported:
+            self._report_exits(list(self._unreported.items()))
 
     def _judge(self, local: dict[Key, RunningPart], owners: set[str], jobs: dict[str, Job]
                ) -> None:
@@ -310,7 +342,7 @@ class Agent:
                 self._stopping.add(key)
                 self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
             elif job.state is JobState.STARTING:
-                self._report_started(part)  # its first report was lost
+                self._report_started([part])  # its first report was lost
 
     def _jobs_of(self, owners_or_ids: Iterable[str]) -> dict[str, Job]:
         ids = sorted({o.rsplit(":", 1)[0] for o in owners_or_ids})

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterable, Mapping
 
 from broker.model import Job
@@ -84,6 +85,27 @@ def _text(raw: bytes) -> str:
     return text[:-1] if text.endswith("\r") else text
 
 
+_FOUND: dict[tuple[str, str], float] = {}  # (command, PATH) -> when it was last found
+_FOUND_TTL_S = 5.0
+
+
+def _found(command: str, path: str) -> bool:
+    """``shutil.which(command, path=path)`` is not None; a command found is trusted for
+    ``_FOUND_TTL_S`` (a search walks every PATH directory; a burst of jobs runs the same few
+    commands). A command removed meanwhile fails at exec instead (StartFailed all the same)."""
+    key = (command, path)
+    now = time.monotonic()
+    if now - _FOUND.get(key, -_FOUND_TTL_S) < _FOUND_TTL_S:
+        return True
+    if shutil.which(command, path=path) is None:
+        _FOUND.pop(key, None)
+        return False
+    if len(_FOUND) > 1000:
+        _FOUND.clear()
+    _FOUND[key] = now
+    return True
+
+
 class StartError(Exception):
     """A job part cannot be started here (its workdir or command is missing)."""
 
@@ -99,7 +121,7 @@ def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
         raise StartError(f"workdir {cwd!r} does not exist on node {node_id}")
     env = {**base_env, **spec.env}
     argv = list(spec.argv)
-    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None and not (
+    if not _found(argv[0], env.get("PATH", os.defpath)) and not (
             "/" in argv[0] and os.access(os.path.join(cwd, argv[0]), os.X_OK)):
         raise StartError(f"command {argv[0]!r} not found or not executable on node {node_id}")
     ckpt = spec.checkpoint_dir or os.path.join(work_dir, "checkpoints", job.id)

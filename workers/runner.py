@@ -9,7 +9,9 @@ Threads:
   it through a command queue and a wake-up pipe; it never touches the network.
 * the **reporter thread** does the slow I/O in order: log batches to the store and to
   ``<work_dir>/logs/<job>.<attempt>.log``, then the ``on_exit`` callback of a finished part.
-  A part's last log batch is always written before its ``on_exit`` runs.
+  A part's last log batch is always written before its ``on_exit`` runs. It takes what is
+  queued in batches: with ``on_exits``, the parts that ended meanwhile are handed over
+  together (one call, so their owner can report them in one round trip).
 
 :meth:`Supervisor.spawn` may be called from any thread; the fork happens on the supervisor
 thread and the caller waits for it.
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]  # (job id, attempt, rank)
 _POLL_S = 0.05  # exit polling period where pidfd_open is missing
+_REPORT_BATCH = 256  # reporter items taken at once
 
 
 @dataclass(eq=False)
@@ -71,6 +74,8 @@ class RunningPart:
     start_error: str | None = None  # set when the process could not be started
     job_after: Job | None = None  # the store's job after a StartFailed report
     done: threading.Event = field(default_factory=threading.Event)
+    # set by the part's owner once its start is reported (the agent reports the end after it)
+    start_reported: threading.Event = field(default_factory=threading.Event)
     # supervisor-thread state
     _proc: subprocess.Popen[bytes] | None = None
     _pidfd: int = -1
@@ -102,14 +107,17 @@ class _Launch:
 
 
 class Supervisor:
-    """Runs job parts; ``on_exit(part)`` is called (on the reporter thread) when one ends."""
+    """Runs job parts; ``on_exit(part)`` is called (on the reporter thread) when one ends, or
+    ``on_exits(parts)`` once for the parts that ended together."""
 
     def __init__(self, store: BaseStore, work_dir: str, on_exit: Callable[[RunningPart], None]
                  | None = None, grace_s: float = 30.0, flush_s: float = 0.1,
                  flush_lines: int = 500, clock: Callable[[], float] = time.time,
-                 isolation: Isolation | None = None) -> None:
+                 isolation: Isolation | None = None,
+                 on_exits: Callable[[list[RunningPart]], None] | None = None) -> None:
         self.isolation = isolation  # None: no cgroups nor scratch directories (as before)
         self.store, self.on_exit, self.grace_s = store, on_exit, grace_s
+        self.on_exits = on_exits
         self.flush_s, self.flush_lines, self.clock = flush_s, flush_lines, clock
         self.work_dir = os.path.abspath(os.path.expanduser(work_dir))
         self.log_dir = os.path.join(self.work_dir, "logs")
@@ -128,7 +136,9 @@ class Supervisor:
         self._seq = itertools.count()
         self._dirty: dict[Key, float] = {}  # parts with buffered lines -> first line time
         self._polled: set[RunningPart] = set()  # parts without a pidfd
-        self._reports: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # a log write to run, a part that ended (its on_exit), or None (quit)
+        self._reports: queue.SimpleQueue[Callable[[], None] | RunningPart | None] = \
+            queue.SimpleQueue()
         self._pending_reports = 0
         self._idle = threading.Condition(self._lock)
         self._closing = False
@@ -449,30 +459,47 @@ class Supervisor:
         if part._box is not None:
             part.reason = part._box.end_reason(part.reason, returncode)
         self._flush(part)
-        self._report(lambda: self._ended(part), remove=part.key)
+        self._report(part, remove=part.key)
 
     # -- reporter thread -----------------------------------------------------------------------
 
-    def _report(self, fn: Callable[[], None], remove: Key | None = None) -> None:
+    def _report(self, item: Callable[[], None] | RunningPart, remove: Key | None = None
+                ) -> None:
         with self._lock:  # one step, so wait_idle never sees the part gone and no report due
             if remove is not None:
                 del self._parts[remove]
             self._pending_reports += 1
-        self._reports.put(fn)
+        self._reports.put(item)
 
     def _report_loop(self) -> None:
         while True:
-            fn = self._reports.get()
-            if fn is None:
-                return
-            try:
-                fn()
-            except Exception:
-                log.exception("job runner report failed")
+            batch = [self._reports.get()]
+            while len(batch) < _REPORT_BATCH:
+                try:
+                    batch.append(self._reports.get_nowait())
+                except queue.Empty:
+                    break
+            ended: list[RunningPart] = []
+            quit_ = False
+            for item in batch:
+                if item is None:
+                    quit_ = True
+                    break
+                if isinstance(item, RunningPart):
+                    ended.append(item)  # after the log writes queued with it
+                    continue
+                try:
+                    item()
+                except Exception:
+                    log.exception("job runner report failed")
+            if ended:
+                self._ended(ended)
             with self._idle:
-                self._pending_reports -= 1
+                self._pending_reports -= len(batch) - quit_
                 if not self._pending_reports:
                     self._idle.notify_all()
+            if quit_:
+                return
 
     def _write_logs(self, part: RunningPart, lines: list[tuple[str, str]]) -> None:
         if part._logfile is None:
@@ -492,15 +519,28 @@ class Supervisor:
             log.warning("job %s: %d log lines not stored (%s); they are in %s", part.job_id,
                         len(lines), e, part._logfile.name)
 
-    def _ended(self, part: RunningPart) -> None:
-        if part._box is not None:
-            part._box.release()  # no process of the part is left when its exit is reported
-        if part._logfile is not None:
-            part._logfile.close()
-            part._logfile = None
+    def _ended(self, parts: list[RunningPart]) -> None:
+        for part in parts:
+            try:
+                if part._box is not None:
+                    part._box.release()  # no process of the part is left when its end is reported
+            except Exception:
+                log.exception("job %s: releasing its cgroup and scratch failed", part.job_id)
+            if part._logfile is not None:
+                part._logfile.close()
+                part._logfile = None
         try:
-            if self.on_exit is not None:
-                self.on_exit(part)
+            if self.on_exits is not None:
+                self.on_exits(parts)
+            elif self.on_exit is not None:
+                for part in parts:
+                    try:
+                        self.on_exit(part)
+                    except Exception:
+                        log.exception("job runner report failed")
+        except Exception:
+            log.exception("job runner report failed")
         finally:
-            part.done.set()
+            for part in parts:
+                part.done.set()
 

@@ -28,6 +28,8 @@ from broker.store.events import JobEvent
 from broker.store.leadership import Leadership
 
 OK, VERSION, BUSY, DEAD, FENCED = "ok", "version", "busy", "dead", "fenced"
+# _add_usage's arguments: team, GPU-seconds, time, half-life, runtime sample or None
+_Usage = tuple[str, float, float, float, tuple[str, str, int, float, float] | None]
 _FOREVER = 1e300
 _RETRIES = 20
 
@@ -238,17 +240,29 @@ class BaseStore(Leadership, ABC):
     def _attempt_ended(self, old: Job, new: Job) -> None:
         """Account an attempt that just ended: its GPU time goes to the team's fair-share
         usage, and a job that finished on its own teaches the runtime predictor."""
+        usage = self._usage_of(old, new)
+        if usage is not None:
+            self._add_usage(*usage)
+
+    def _usage_of(self, old: Job, new: Job) -> _Usage | None:
+        """The ``_add_usage`` arguments for the change ``old`` -> ``new``; None if it ended no
+        attempt."""
         if old.state not in ACTIVE or (new.state in ACTIVE and new.attempt == old.attempt):
-            return
+            return None
         att = next((a for a in new.attempts if a.number == old.attempt), None)
         if att is None or att.ended_at is None or old.started_at is None:
-            return
+            return None
         ran = max(0.0, att.ended_at - old.started_at)
         sample = None
         if new.state is JobState.SUCCEEDED and new.attempt == 1:
             sample = (old.team, old.kind_key, old.res.total_gpus, old.spec.time_limit or 0.0, ran)
-        self._add_usage(old.team, old.res.total_gpus * ran, att.ended_at,
-                        self.config.fairshare_half_life_s, sample)
+        return (old.team, old.res.total_gpus * ran, att.ended_at,
+                self.config.fairshare_half_life_s, sample)
+
+    def _add_usage_many(self, usages: Sequence[_Usage]) -> None:
+        """``_add_usage`` for each, in order (backends may do it in one round trip)."""
+        for usage in usages:
+            self._add_usage(*usage)
 
     def _read_meta(self, cursor: str | None) -> tuple[dict[str, tuple[float, float]],
                                                       list[tuple[str, str, int, float, float]],
@@ -278,6 +292,92 @@ class BaseStore(Leadership, ABC):
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
         return self._update(job_id, T.report, attempt, event, now,
                             self.config.max_preemptions)
+
+    def report_many(self, reports: Sequence[tuple[str, int, JobEvent, float]]
+                    ) -> list[Job | Exception]:
+        """Several reports (job id, attempt, event, time), with the outcome of calling
+        :meth:`report` for each in turn, in a few round trips: the jobs are read together, the
+        reports on one job are applied in order and written as one compare-and-set (its
+        history keeps every step, each with its own time), and the usage of the attempts they
+        end is added together. One result per report: the job after it, or the
+        StaleAttempt, JobNotFound or Conflict it met (only a failing store raises)."""
+        results: list[Job | Exception | None] = [None] * len(reports)
+        todo: dict[str, list[int]] = {}
+        for i, (job_id, _, _, _) in enumerate(reports):
+            todo.setdefault(job_id, []).append(i)
+        for _ in range(_RETRIES):
+            if not todo:
+                break
+            ids = list(todo)
+            changes: list[T.Change] = []
+            steps: list[tuple[str, list[tuple[int, Job, Job]], list[int]]] = []
+            for job_id, job in zip(ids, self._load(ids)):
+                if job is None:
+                    for i in todo.pop(job_id):
+                        results[i] = JobNotFound(job_id)
+                    continue
+                change, done, rest = self._fold_reports(job, [(i, reports[i]) for i in
+                                                              todo[job_id]], results,
+                                                        self.config.max_preemptions)
+                if change is None:  # nothing to write: every report answered from ``job``
+                    del todo[job_id]
+                    continue
+                changes.append(change)
+                steps.append((job_id, done, rest))
+            usages: list[_Usage] = []
+            for (job_id, done, rest), status in zip(steps, self._commit(changes)):
+                if status == OK:
+                    for i, before, after in done:
+                        results[i] = after
+                        usage = self._usage_of(before, after)
+                        if usage is not None:
+                            usages.append(usage)
+                    if rest:
+                        todo[job_id] = rest  # reports that could not join this write
+                    else:
+                        del todo[job_id]
+                elif status == FENCED:
+                    raise Fenced(self.fence_token() or "")
+                elif status != VERSION:  # VERSION: read again and redo them all
+                    for i in todo.pop(job_id):
+                        results[i] = Conflict(f"job {job_id}: write refused ({status})")
+            if usages:
+                self._add_usage_many(usages)
+        for i in (i for idx in todo.values() for i in idx):
+            results[i] = Conflict(f"job {reports[i][0]}: too many concurrent writers")
+        return [r if r is not None else JobNotFound(reports[n][0])
+                for n, r in enumerate(results)]
+
+    @staticmethod
+    def _fold_reports(job: Job, reports: list[tuple[int, tuple[str, int, JobEvent, float]]],
+                      results: list[Job | Exception | None], max_preemptions: int
+                      ) -> tuple[T.Change | None, list[tuple[int, Job, Job]], list[int]]:
+        """Apply ``reports`` (index, report) to ``job`` in order, as one Change. Returns the
+        Change (None: nothing changed), the (index, before, after) of each report that
+        changed the job, and the indexes left for a later write (a report whose GPU release
+        belongs to another owner cannot join). Reports that change nothing or are stale get
+        their result in ``results`` at once."""
+        cur, merged, done = job, None, []
+        for n, (i, (_, attempt, event, now)) in enumerate(reports):
+            try:
+                change = T.report(cur, attempt, event, now, max_preemptions)
+            except StaleAttempt as e:
+                results[i] = e
+                continue
+            if change is None:
+                results[i] = cur
+                continue
+            if merged is None:
+                merged = change
+            elif change.release and merged.release and \
+                    change.release_owner != merged.release_owner:
+                return merged, done, [j for j, _ in reports[n:]]
+            else:
+                merged = replace(merged, job=change.job, release=merged.release + change.release,
+                                 release_owner=change.release_owner or merged.release_owner)
+            done.append((i, cur, change.job))
+            cur = change.job
+        return merged, done, []
 
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
         return self._update(job_id, T.cancel, now, reason)

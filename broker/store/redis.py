@@ -156,20 +156,29 @@ class RedisStore(BaseStore):
         if hit is not None and hit[0] == doc:
             return hit[1]
         job = Job.from_dict(json.loads(doc))
-        if len(self._parsed) >= self._cache_size:
-            self._parsed = {}  # rare: start over rather than track recency
-        self._parsed[job_id] = (doc, job)
+        self._remember(job, doc if isinstance(doc, bytes) else doc.encode())
         return job
 
     def _commit(self, changes: Sequence[Change]) -> list[str]:
         out: list[str] = []
         for chunk in _chunks(changes):
             pipe = self.redis.pipeline(transaction=False)
+            docs = []
             for change in chunk:
                 keys, args = self._commit_args(change)
+                docs.append(args[2])
                 self._commit_script(keys, args, client=pipe)
-            out += [_str(s) for s in pipe.execute()]
+            statuses = [_str(s) for s in pipe.execute()]
+            for change, doc, status in zip(chunk, docs, statuses):
+                if status == "ok":  # what this process wrote needs no parsing when read back
+                    self._remember(change.job, doc.encode())
+            out += statuses
         return out
+
+    def _remember(self, job: Job, doc: bytes) -> None:
+        if len(self._parsed) >= self._cache_size:
+            self._parsed = {}
+        self._parsed[job.id] = (doc, job)
 
     def _commit_args(self, c: Change) -> tuple[list[str], list[Any]]:
         job = c.job
@@ -270,6 +279,17 @@ class RedisStore(BaseStore):
         self._usage_script([self._k_usage, self._k_runtimes],
                            [team, repr(float(gpu_s)), repr(float(now)), repr(float(half_life_s)),
                             RUNTIME_SAMPLES, json.dumps(list(sample)) if sample else ""])
+
+    def _add_usage_many(self, usages: Sequence[tuple[str, float, float, float,
+                                                     tuple[str, str, int, float, float] | None]]
+                        ) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for team, gpu_s, now, half_life_s, sample in usages:
+            self._usage_script([self._k_usage, self._k_runtimes],
+                               [team, repr(float(gpu_s)), repr(float(now)),
+                                repr(float(half_life_s)), RUNTIME_SAMPLES,
+                                json.dumps(list(sample)) if sample else ""], client=pipe)
+        pipe.execute()
 
     def _read_meta(self, cursor: str | None) -> tuple[dict[str, tuple[float, float]],
                                                       list[tuple[str, str, int, float, float]],

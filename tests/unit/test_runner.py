@@ -446,15 +446,15 @@ def test_agent_drain_preempts_running_and_unstarted_jobs(a: AgentHarness) -> Non
 
 def test_agent_reports_a_start_again_when_the_first_report_failed(a: AgentHarness) -> None:
     job = a.place(GPUS[:1], command="sleep 300")
-    real_report, calls = a.store.report, []
+    real_report, calls = a.store.report_many, []
 
-    def flaky(*args: object, **kw: object) -> Job:
+    def flaky(*args: object, **kw: object) -> list[Job | Exception]:
         calls.append(args)
         if len(calls) == 1:
             raise ConnectionError("store unreachable")
         return real_report(*args, **kw)  # type: ignore[arg-type]
 
-    a.store.report = flaky  # type: ignore[method-assign]
+    a.store.report_many = flaky  # type: ignore[method-assign]
     a.agent.start_jobs([(job.id, 1)])
     assert a.state(job) is JobState.STARTING and len(a.sup.parts()) == 1
     a.agent.reconcile()  # neither starts it twice nor leaves it STARTING
