@@ -73,6 +73,10 @@ class RedisStore(BaseStore):
         super().__init__(config)
         self._parsed: dict[str, tuple[bytes | str, Job]] = {}  # job id -> (doc, Job)
         self._parsed_nodes: dict[str, tuple[bytes | str, Node]] = {}
+        # per index: the last read's raw id -> version, its jobs and their order
+        self._last_index: dict[str, tuple[dict[bytes, bytes], dict[bytes, Job],
+                                          list[bytes]]] = {}
+        self._pipe: Any = None  # set while apply() gathers its last writes in one round trip
         self._cache_size = cache_size
         self._owns_client = isinstance(url_or_client, str)
         self.redis: redis.Redis = (
@@ -130,22 +134,34 @@ class RedisStore(BaseStore):
         return out
 
     def _load_index(self, which: str) -> list[Job]:
-        """The jobs of the ``pending`` or ``active`` index. One HGETALL of the index's
-        id -> version hash, then documents only for jobs not already parsed at that version."""
+        """The jobs of the ``pending`` or ``active`` index, oldest first. One HGETALL of the
+        index's id -> version hash, then documents only for jobs not already parsed at that
+        version. A job's place in the order never changes (it is its submission time), so the
+        last read's order is reused while no job joined the index."""
         key = {"pending": self._k_ver_pending, "active": self._k_ver_active}[which]
-        versions = {_str(k): int(v) for k, v in self.redis.hgetall(key).items()}
-        jobs: dict[str, Job] = {}
-        stale = []
-        for job_id, version in versions.items():
-            hit = self._parsed.get(job_id)
-            if hit is not None and hit[1].version == version:
-                jobs[job_id] = hit[1]
+        raw: dict[bytes, bytes] = self.redis.hgetall(key)  # type: ignore[assignment]
+        last_raw, last_jobs, last_order = self._last_index.get(which, ({}, {}, []))
+        jobs: dict[bytes, Job] = {}
+        stale: list[bytes] = []
+        parsed = self._parsed
+        for k, v in raw.items():
+            if last_raw.get(k) == v:
+                jobs[k] = last_jobs[k]
+                continue
+            hit = parsed.get(k.decode())
+            if hit is not None and hit[1].version == int(v):
+                jobs[k] = hit[1]
             else:
-                stale.append(job_id)
-        for job_id, job in zip(stale, self._load(stale)):
+                stale.append(k)
+        for k, job in zip(stale, self._load([k.decode() for k in stale])):
             if job is not None:
-                jobs[job_id] = job
-        return sorted(jobs.values(), key=lambda j: (j.submitted_at, j.id))
+                jobs[k] = job
+        if len(jobs) <= len(last_jobs) and all(k in last_jobs for k in jobs):
+            order = [k for k in last_order if k in jobs]
+        else:
+            order = sorted(jobs, key=lambda k: (jobs[k].submitted_at, jobs[k].id))
+        self._last_index[which] = ({k: v for k, v in raw.items() if k in jobs}, jobs, order)
+        return [jobs[k] for k in order]
 
     def _parse(self, job_id: str, doc: bytes | str | None) -> Job | None:
         """Decode a job document, reusing the Job parsed from the very same bytes last time
