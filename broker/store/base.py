@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from broker.config import Config
@@ -325,6 +326,7 @@ class BaseStore(Leadership, ABC):
                 changes.append(change)
                 steps.append((job_id, done, rest))
             usages: list[_Usage] = []
+            fenced = False
             for (job_id, done, rest), status in zip(steps, self._commit(changes)):
                 if status == OK:
                     for i, before, after in done:
@@ -337,12 +339,14 @@ class BaseStore(Leadership, ABC):
                     else:
                         del todo[job_id]
                 elif status == FENCED:
-                    raise Fenced(self.fence_token() or "")
+                    fenced = True
                 elif status != VERSION:  # VERSION: read again and redo them all
                     for i in todo.pop(job_id):
                         results[i] = Conflict(f"job {job_id}: write refused ({status})")
             if usages:
                 self._add_usage_many(usages)
+            if fenced:  # (the writes that went through are accounted above)
+                raise Fenced(self.fence_token() or "")
         for i in (i for idx in todo.values() for i in idx):
             results[i] = Conflict(f"job {reports[i][0]}: too many concurrent writers")
         return [r if r is not None else JobNotFound(reports[n][0])
@@ -454,20 +458,29 @@ class BaseStore(Leadership, ABC):
         raced = {job_id: Reason("Resources", f"its placement raced with another change ({why});"
                                               " retried next cycle")
                  for job_id, why in skipped if job_id not in plan.pending}
-        self._record_reasons({**plan.pending, **raced})
         gone = {j.id for j in started}
-        self._put_order([i for i in plan.order if i not in gone] if gone else plan.order, now)
         res = json.dumps(plan.reservation.to_dict()) if plan.reservation else None
-        if res != self._last_reservation:
-            self._put_reservation(res)
-            self._last_reservation = res
+        with self._gathered():  # reasons, queue order, reservation: one round trip
+            self._record_reasons({**plan.pending, **raced})
+            self._put_order([i for i in plan.order if i not in gone] if gone else plan.order,
+                            now)
+            if res != self._last_reservation:
+                self._put_reservation(res)
+        self._last_reservation = res
         return Applied(tuple(started), tuple(stopping), tuple(skipped))
+
+    @contextmanager
+    def _gathered(self) -> Iterator[None]:
+        """The backend may hold the writes made inside the block and send them together at
+        its end (one round trip, applied at once)."""
+        yield
 
     def _record_reasons(self, pending: Mapping[str, Reason]) -> None:
         """Write what changed since this process last wrote. A job's reason is dropped by the
         backend itself when the job leaves PENDING, so a restarted scheduler leaves none stale."""
-        changed = {k: v for k, v in pending.items() if self._last_reasons.get(k) != v}
-        gone = [k for k in self._last_reasons if k not in pending]
+        last = self._last_reasons  # (most reasons are the very same objects as last cycle's)
+        changed = {k: v for k, v in pending.items() if (old := last.get(k)) is not v and old != v}
+        gone = [k for k in last if k not in pending]
         if changed or gone:
             self._write_reasons(changed, gone)
         self._last_reasons = dict(pending)

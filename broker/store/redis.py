@@ -25,7 +25,9 @@ node hash are authoritative over the copies inside its ``doc``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -76,7 +78,7 @@ class RedisStore(BaseStore):
         # per index: the last read's raw id -> version, its jobs and their order
         self._last_index: dict[str, tuple[dict[bytes, bytes], dict[bytes, Job],
                                           list[bytes]]] = {}
-        self._pipe: Any = None  # set while apply() gathers its last writes in one round trip
+        self._gather = threading.local()  # .pipe: apply()'s last writes, sent together
         self._cache_size = cache_size
         self._owns_client = isinstance(url_or_client, str)
         self.redis: redis.Redis = (
@@ -273,14 +275,36 @@ class RedisStore(BaseStore):
     def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None:
         if not set_ and not delete:
             return
-        pipe = self.redis.pipeline(transaction=True)
+        gathered = getattr(self._gather, "pipe", None)
+        pipe = gathered if gathered is not None else self.redis.pipeline(transaction=True)
         if delete:
             pipe.hdel(self._k_reasons, *delete)
         if set_:
             pipe.hset(self._k_reasons, mapping={
                 k: json.dumps([r.code, r.message]) for k, r in set_.items()
             })
-        pipe.execute()
+        if gathered is None:
+            pipe.execute()
+
+    @contextmanager
+    def _gathered(self) -> Iterator[None]:
+        """Reasons, queue order and reservation written inside the block go in one
+        transaction (MULTI/EXEC), sent when the block ends."""
+        if getattr(self._gather, "pipe", None) is not None:
+            yield
+            return
+        self._gather.pipe = pipe = self.redis.pipeline(transaction=True)
+        try:
+            yield
+        finally:
+            self._gather.pipe = None
+        if pipe.command_stack:
+            pipe.execute()
+
+    def _writer(self) -> Any:
+        """Where a write goes: the gathered pipeline inside :meth:`_gathered`, else Redis."""
+        pipe = getattr(self._gather, "pipe", None)
+        return self.redis if pipe is None else pipe
 
     def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]:
         if not job_ids:
@@ -361,9 +385,9 @@ class RedisStore(BaseStore):
 
     def _put_reservation(self, data: str | None) -> None:
         if data is None:
-            self.redis.delete(self._k_reservation)
+            self._writer().delete(self._k_reservation)
         else:
-            self.redis.set(self._k_reservation, data)
+            self._writer().set(self._k_reservation, data)
 
     def _get_reservation(self) -> str | None:
         raw = self.redis.get(self._k_reservation)
@@ -371,7 +395,7 @@ class RedisStore(BaseStore):
 
     def _put_order(self, ids: Sequence[str], at: float) -> None:
         head = f"{float(at)!r} {len(ids)}\n"
-        self.redis.set(self._k_order, head + " ".join(ids[:ORDER_CAP]))
+        self._writer().set(self._k_order, head + " ".join(ids[:ORDER_CAP]))
 
     def _get_order(self) -> QueueOrder | None:
         raw = self.redis.get(self._k_order)
