@@ -413,8 +413,8 @@ class BaseStore(Leadership, ABC):
                       ) -> tuple[Snapshot, list[tuple[str, str, int, float, float]], str | None]:
         """:meth:`snapshot`, and in the same round trip the runtime samples after the cursor
         ``runtimes_after`` (None: none) with the new cursor."""
-        pending = tuple(j for j in self._load_index("pending") if j.state is JobState.PENDING)
-        active = tuple(j for j in self._load_index("active") if j.state in ACTIVE)
+        pending = tuple([j for j in self._load_index("pending") if j.state is JobState.PENDING])
+        active = tuple([j for j in self._load_index("active") if j.state in ACTIVE])
         nodes = tuple(sorted((n for n in self._load_nodes()
                               if n.state is not NodeState.DOWN and n.lease_expires > now),
                              key=lambda n: n.id))

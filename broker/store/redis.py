@@ -165,11 +165,13 @@ class RedisStore(BaseStore):
         for k, job in zip(stale, self._load([k.decode() for k in stale])):
             if job is not None:
                 jobs[k] = job
-        if len(jobs) <= len(last_jobs) and all(k in last_jobs for k in jobs):
+        if last_jobs.keys() >= jobs.keys():
             order = [k for k in last_order if k in jobs]
         else:
             order = sorted(jobs, key=lambda k: (jobs[k].submitted_at, jobs[k].id))
-        self._last_index[which] = ({k: v for k, v in raw.items() if k in jobs}, jobs, order)
+        if len(jobs) < len(raw):  # (a job deleted since its index entry was read)
+            raw = {k: v for k, v in raw.items() if k in jobs}
+        self._last_index[which] = (raw, jobs, order)
         return [jobs[k] for k in order]
 
     def _parse(self, job_id: str, doc: bytes | str | None) -> Job | None:
