@@ -394,6 +394,66 @@ def test_reports_for_a_stale_attempt_are_refused(store: BaseStore) -> None:
         store.report("j-missing", 1, Started(0), T0)
 
 
+def test_report_many_is_each_report_in_turn(store: BaseStore) -> None:
+    """Batched reports: the same jobs, histories (each step at its own time), refusals and
+    usage as calling report() for each in order."""
+    live(store, node(gpus=4))
+    jobs = [store.submit(spec(team="red", name="t"), T0) for _ in range(4)]
+    placed = [store.apply(Plan(starts=(start_of(j, ("n1", [f"n1-g{i}"])),)), T0 + 1)
+              .started[0] for i, j in enumerate(jobs)]
+    a, b, c, d = placed
+    out = store.report_many([
+        (a.id, 1, Started(0, pid=7), T0 + 2),
+        (a.id, 1, Exited(0, 0), T0 + 5),
+        (b.id, 1, Started(0), T0 + 2.5),
+        (b.id, 1, Started(0), T0 + 2.6),  # repeated: no change
+        (c.id, 2, Started(0), T0 + 3),  # an attempt that does not exist
+        (d.id, 1, Exited(0, 3), T0 + 4),  # ended without a Started report
+        ("j-missing", 1, Started(0), T0 + 3),
+    ])
+    assert isinstance(out[4], StaleAttempt) and isinstance(out[6], JobNotFound)
+    done_a, run_b, same_b, failed_d = out[1], out[2], out[3], out[5]
+    assert isinstance(done_a, Job) and done_a == store.get(a.id) == out[1]
+    assert [(h.state, h.time) for h in done_a.history] == [
+        (JobState.PENDING, T0), (JobState.STARTING, T0 + 1), (JobState.RUNNING, T0 + 2),
+        (JobState.SUCCEEDED, T0 + 5)]
+    assert isinstance(out[0], Job) and out[0].state is JobState.RUNNING
+    assert run_b == same_b == store.get(b.id) and run_b.state is JobState.RUNNING
+    assert store.get(c.id).state is JobState.STARTING
+    assert isinstance(failed_d, Job) and failed_d.state is JobState.FAILED
+    assert failed_d == store.get(d.id) and failed_d.history[-1].time == T0 + 4
+    held = store.allocations(["n1"])["n1"]
+    assert held == {"n1-g1": owner(b), "n1-g2": owner(c)}  # a's and d's GPUs released
+    assert store.usage(T0 + 5)["red"] == pytest.approx(3.0, rel=1e-3)  # a ran 3 s; d never ran
+    assert store.runtimes()[0] == [("red", "t", 1, 0.0, 3.0)]  # a finished on its own
+    assert store.report_many([]) == []
+
+
+def test_report_many_folds_a_gangs_parts_and_retries_a_lost_race(store: BaseStore) -> None:
+    live(store, node("n1"), node("n2"))
+    job = running(store, store.submit(spec(gpus=1, nodes=2), T0), ("n1", ["n1-g0"]),
+                  ("n2", ["n2-g0"]))
+    real_commit, calls = store._commit, []
+
+    def racing(changes: Sequence[Change]) -> list[str]:  # someone writes first, once
+        calls.append(len(changes))
+        if len(calls) == 1:
+            store.cancel(job.id, T0 + 3)
+        return real_commit(changes)
+
+    store._commit = racing  # type: ignore[method-assign]
+    out = store.report_many([(job.id, 1, Exited(0, 0), T0 + 4),
+                             (job.id, 1, Exited(1, 0), T0 + 5)])
+    assert calls == [1, 1, 1]  # one write for both parts, the cancel's, ours redone
+    done = store.get(job.id)
+    first = out[0]
+    assert isinstance(first, Job) and first.state is JobState.STOPPING
+    assert first.parts_exited == ((0, 0),) and out[1] == done
+    assert done.state is JobState.CANCELLED and done.parts_exited == ((0, 0), (1, 0))
+    assert [h.time for h in done.history][-2:] == [T0 + 3, T0 + 5]
+    assert store.allocations(["n1", "n2"]) == {"n1": {}, "n2": {}}
+
+
 def test_gang_releases_per_part_and_finishes_when_all_exit(store: BaseStore) -> None:
     live(store, node("n1"), node("n2"))
     job = store.submit(spec(gpus=2, nodes=2), T0)
