@@ -203,22 +203,44 @@ class Agent:
 
     def _report_started(self, parts: list[RunningPart]) -> None:
         """Report these parts Started, in one round trip; a part whose attempt is over is
-        killed. Their ends are reported only after this (:meth:`_on_exits` waits)."""
+        killed. Their ends are reported only after this (:meth:`_on_exits` waits), except
+        for a part already settled (ended, no output, no cgroup to release): its end goes in
+        the same round trip, folded into the same write (a short job costs one write, not
+        two), and :meth:`_on_exits` leaves it out."""
         if not parts:
             return
         try:
             now = time.time()
+            reports: list[tuple[str, int, JobEvent, float]] = []
+            ended: list[tuple[RunningPart, int]] = []
+            for p in parts:
+                reports.append((p.job_id, p.attempt, Started(p.rank, p.pid), now))
+                if p.settled and p.exit_code is not None:  # (nothing to store or release)
+                    ended.append((p, len(reports)))
+                    reports.append((p.job_id, p.attempt,
+                                    Exited(p.rank, p.exit_code, p.reason), time.time()))
             try:
-                results: list[Job | Exception] = self.store.report_many(
-                    [(p.job_id, p.attempt, Started(p.rank, p.pid), now) for p in parts])
+                results: list[Job | Exception] = self.store.report_many(reports)
             except Exception as e:  # the store is unreachable: reconcile reports them again
-                results = [e] * len(parts)
-            for part, result in zip(parts, results):
+                results = [e] * len(reports)
+            for part, result in zip(parts, (r for i, r in enumerate(results)
+                                            if reports[i][2].__class__ is Started)):
                 if isinstance(result, (StaleAttempt, JobNotFound)):
                     log.warning("%s; killing the part just started", result)
                     self.sup.kill(part.job_id, part.attempt, "StaleAttempt")
                 elif isinstance(result, Exception):
                     log.warning("start of %s not reported yet (%s)", part.owner, result)
+            reported = False
+            for part, i in ended:
+                result = results[i]
+                if isinstance(result, (StaleAttempt, JobNotFound)):
+                    part.end_reported = True  # (the exit report would be dropped too)
+                elif not isinstance(result, Exception):
+                    part.end_reported = True
+                    self._after_report(result, trigger=False)
+                    reported = True
+            if reported:
+                self._safe(self._trigger)
         finally:
             for part in parts:
                 part.start_reported.set()
@@ -260,8 +282,10 @@ class Agent:
             metrics.agent_metrics().ended(part.exit_code)
             log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id,
                      part.attempt, part.rank, part.exit_code, part.reason)
-        self._report_exits([(part.key, Exited(part.rank, part.exit_code or 0, part.reason))
-                            for part in parts])
+        todo = [p for p in parts if not p.end_reported]  # (others: reported with the start)
+        if todo:
+            self._report_exits([(p.key, Exited(p.rank, p.exit_code or 0, p.reason))
+                                for p in todo])
 
     def _remember_done(self, key: Key) -> None:
         with self._lock:

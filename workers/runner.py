@@ -76,6 +76,9 @@ class RunningPart:
     done: threading.Event = field(default_factory=threading.Event)
     # set by the part's owner once its start is reported (the agent reports the end after it)
     start_reported: threading.Event = field(default_factory=threading.Event)
+    # set by the owner when it reported the end itself, with the start (its on_exit skips it)
+    end_reported: bool = False
+    output: bool = False  # the part wrote a line (set before exit_code)
     # supervisor-thread state
     _proc: subprocess.Popen[bytes] | None = None
     _pidfd: int = -1
@@ -86,6 +89,12 @@ class RunningPart:
     _logfile: Any = None
     _stale: bool = False
     _box: Any = None  # its workers.isolation.JobBox: cgroup and scratch directory
+
+    @property
+    def settled(self) -> bool:
+        """Ended without writing a line and holds no cgroup or scratch directory: nothing is
+        left to do before its end is reported."""
+        return self.exit_code is not None and not self.output and self._box is None
 
     @property
     def key(self) -> Key:
@@ -410,6 +419,7 @@ class Supervisor:
             self._add_lines(part, stream, lines)
 
     def _add_lines(self, part: RunningPart, stream: str, lines: list[str]) -> None:
+        part.output = True
         if not part._buf:
             self._dirty[part.key] = time.monotonic()
         part._buf += [(stream, line) for line in lines]
@@ -454,10 +464,10 @@ class Supervisor:
             self._close_pipe(part, fd)
         if part._stop_reason == "TimeLimit" and code == 0:
             code = 124  # a time limit never ends as success
-        part.exit_code, part._proc = code, None
         part.reason = part._stop_reason or ("Signal" if returncode < 0 else "Exited")
         if part._box is not None:
             part.reason = part._box.end_reason(part.reason, returncode)
+        part.exit_code, part._proc = code, None  # last: other threads read reason after it
         self._flush(part)
         self._report(part, remove=part.key)
 
