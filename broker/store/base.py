@@ -413,20 +413,35 @@ class BaseStore(Leadership, ABC):
                       ) -> tuple[Snapshot, list[tuple[str, str, int, float, float]], str | None]:
         """:meth:`snapshot`, and in the same round trip the runtime samples after the cursor
         ``runtimes_after`` (None: none) with the new cursor."""
-        pending = tuple([j for j in self._load_index("pending") if j.state is JobState.PENDING])
-        active = tuple([j for j in self._load_index("active") if j.state in ACTIVE])
-        nodes = tuple(sorted((n for n in self._load_nodes()
+        pend, act, all_nodes, allocated, meta = self._read_state(runtimes_after)
+        pending = tuple([j for j in pend if j.state is JobState.PENDING])
+        active = tuple([j for j in act if j.state in ACTIVE])
+        nodes = tuple(sorted((n for n in all_nodes
                               if n.state is not NodeState.DOWN and n.lease_expires > now),
                              key=lambda n: n.id))
-        allocated = self.allocations([n.id for n in nodes])
+        live = {n.id for n in nodes}
+        allocated = {k: v for k, v in allocated.items() if k in live}
         cfg = self.config
-        usage, samples, cursor, raw = self._read_meta(runtimes_after)
+        usage, samples, cursor, raw = meta
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
         snap = Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
                         usage=self.usage(now, usage), reservation=reservation,
                         settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
                         min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
         return snap, samples, cursor
+
+    def _read_state(self, cursor: str | None) -> tuple[
+            list[Job], list[Job], list[Node], dict[str, dict[str, str]],
+            tuple[dict[str, tuple[float, float]], list[tuple[str, str, int, float, float]],
+                  str | None, str | None]]:
+        """What a snapshot reads: the pending and the active index's jobs (oldest first),
+        every node, the allocations of every node, and :meth:`_read_meta`. Backends may read
+        it in fewer round trips."""
+        pending = self._load_index("pending")
+        active = self._load_index("active")
+        nodes = self._load_nodes()
+        return pending, active, nodes, self.allocations([n.id for n in nodes]), \
+            self._read_meta(cursor)
 
     def apply(self, plan: Plan, now: float) -> Applied:
         """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose

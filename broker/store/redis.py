@@ -137,19 +137,30 @@ class RedisStore(BaseStore):
         return out
 
     def _load_index(self, which: str) -> list[Job]:
-        """The jobs of the ``pending`` or ``active`` index, oldest first. One HGETALL of the
-        index's id -> version hash, then documents only for jobs not already parsed at that
-        version. A job's place in the order never changes (it is its submission time), so the
-        last read's order is reused while no job joined the index."""
-        key = {"pending": self._k_ver_pending, "active": self._k_ver_active}[which]
-        # HKEYS and HVALS of one MULTI/EXEC (the same order): zipped in C, where redis-py
-        # builds HGETALL's dict in Python (half the cost of this read on a long queue)
+        """The jobs of the ``pending`` or ``active`` index, oldest first: its id -> version
+        hash, then documents only for jobs not already parsed at that version."""
         pipe = self.redis.pipeline(transaction=True)
+        self._queue_index(pipe, which)
+        raw = self._index_raw(*pipe.execute())
+        jobs, stale = self._index_known(which, raw)
+        return self._index_jobs(which, raw, jobs, stale, self._load([k.decode() for k in stale]))
+
+    def _queue_index(self, pipe: Any, which: str) -> None:
+        # HKEYS and HVALS in one MULTI/EXEC (the same order): zipped in C, where redis-py
+        # builds HGETALL's dict in Python (half the cost of this read on a long queue)
+        key = {"pending": self._k_ver_pending, "active": self._k_ver_active}[which]
         pipe.hkeys(key)
         pipe.hvals(key)
-        keys_, values = pipe.execute()
-        raw: dict[bytes, bytes] = dict(zip(keys_, values))
-        last_raw, last_jobs, last_order = self._last_index.get(which, ({}, {}, []))
+
+    @staticmethod
+    def _index_raw(keys: list[bytes], values: list[bytes]) -> dict[bytes, bytes]:
+        return dict(zip(keys, values))
+
+    def _index_known(self, which: str, raw: dict[bytes, bytes]
+                     ) -> tuple[dict[bytes, Job], list[bytes]]:
+        """The jobs of ``raw`` (id -> version) already parsed at that version, and the ids
+        whose documents must be read."""
+        last_raw, last_jobs, _ = self._last_index.get(which, ({}, {}, []))
         jobs: dict[bytes, Job] = {}
         stale: list[bytes] = []
         parsed = self._parsed
@@ -162,9 +173,16 @@ class RedisStore(BaseStore):
                 jobs[k] = hit[1]
             else:
                 stale.append(k)
-        for k, job in zip(stale, self._load([k.decode() for k in stale])):
+        return jobs, stale
+
+    def _index_jobs(self, which: str, raw: dict[bytes, bytes], jobs: dict[bytes, Job],
+                    stale: list[bytes], loaded: Sequence[Job | None]) -> list[Job]:
+        """The index's jobs, oldest first. A job's place never changes (it is its submission
+        time), so the last read's order is reused while no job joined the index."""
+        for k, job in zip(stale, loaded):
             if job is not None:
                 jobs[k] = job
+        _, last_jobs, last_order = self._last_index.get(which, ({}, {}, []))
         if last_jobs.keys() >= jobs.keys():
             order = [k for k in last_order if k in jobs]
         else:
@@ -173,6 +191,53 @@ class RedisStore(BaseStore):
             raw = {k: v for k, v in raw.items() if k in jobs}
         self._last_index[which] = (raw, jobs, order)
         return [jobs[k] for k in order]
+
+    def _read_state(self, cursor: str | None) -> tuple[
+            list[Job], list[Job], list[Node], dict[str, dict[str, str]],
+            tuple[dict[str, tuple[float, float]], list[tuple[str, str, int, float, float]],
+                  str | None, str | None]]:
+        """Two round trips: the indexes, the node ids and the metadata in one MULTI; then
+        the nodes, their allocations and the job documents not parsed yet."""
+        pipe = self.redis.pipeline(transaction=True)
+        self._queue_index(pipe, "pending")
+        self._queue_index(pipe, "active")
+        pipe.zrange(self._k_nodes, 0, -1)
+        pipe.hgetall(self._k_usage)
+        pipe.get(self._k_reservation)
+        if cursor is not None:
+            pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-",
+                        count=5000)
+        pk, pv, ak, av, members, raw_usage, reservation, *rest = pipe.execute()
+        raws = {"pending": self._index_raw(pk, pv), "active": self._index_raw(ak, av)}
+        known = {w: self._index_known(w, raw) for w, raw in raws.items()}
+        node_ids = [_str(m) for m in members]
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in node_ids:
+            pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+        for node_id in node_ids:
+            pipe.hgetall(self._k_alloc(node_id))
+        stale = known["pending"][1] + known["active"][1]
+        for k in stale:
+            pipe.hget(self._k_job(k.decode()), "doc")
+        replies = pipe.execute()
+        n = len(node_ids)
+        nodes = self._nodes_from(node_ids, replies[:n])
+        allocated = {node_id: {_str(g): _str(o) for g, o in held.items()}
+                     for node_id, held in zip(node_ids, replies[n:2 * n])}
+        docs = [self._parse(k.decode(), doc) for k, doc in zip(stale, replies[2 * n:])]
+        np_ = len(known["pending"][1])
+        pending = self._index_jobs("pending", raws["pending"], *known["pending"], docs[:np_])
+        active = self._index_jobs("active", raws["active"], *known["active"], docs[np_:])
+        usage = self._parse_usage(raw_usage)
+        res = None if reservation is None else _str(reservation)
+        if cursor is None:
+            return pending, active, nodes, allocated, (usage, [], None, res)
+        batch = rest[0]
+        samples, cursor = self._parse_samples(batch, cursor)
+        if len(batch) == 5000:  # a long backlog (a new scheduler): read the rest
+            more, cursor = self._read_runtimes(cursor)
+            samples += more
+        return pending, active, nodes, allocated, (usage, samples, cursor, res)
 
     def _parse(self, job_id: str, doc: bytes | str | None) -> Job | None:
         """Decode a job document, reusing the Job parsed from the very same bytes last time
@@ -274,8 +339,11 @@ class RedisStore(BaseStore):
         pipe = self.redis.pipeline(transaction=False)
         for node_id in ids:
             pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+        return self._nodes_from(ids, pipe.execute())
+
+    def _nodes_from(self, ids: Sequence[str], rows: Sequence[Any]) -> list[Node]:
         out = []
-        for node_id, (doc, state, incarnation, lease) in zip(ids, pipe.execute()):
+        for node_id, (doc, state, incarnation, lease) in zip(ids, rows):
             if doc is None:
                 continue
             hit = self._parsed_nodes.get(node_id)
