@@ -290,6 +290,10 @@ class RedisStore(BaseStore):
                 raise r
         return out
 
+    def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
+        parsed = self._parsed
+        return [None if (hit := parsed.get(i)) is None else hit[1] for i in job_ids]
+
     def _remember(self, job: Job, doc: bytes) -> None:
         if len(self._parsed) >= self._cache_size:
             self._parsed = {}
