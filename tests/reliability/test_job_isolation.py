@@ -86,7 +86,8 @@ def test_agent_killed_its_jobs_background_processes_die_within_two_heartbeats(
     wait_until(lambda: not job_pids(job.id), 2 * HEARTBEAT_S, "every process of the job to die")
     took = time.monotonic() - t0
     print(f"all {len(pids)} job processes gone {took * 1000:.0f} ms after the agent's SIGKILL")
-    assert "keeper: agent gone; killed 1 job" in cluster.logs_of("iso-a")
+    wait_until(lambda: "keeper: agent gone; killed 1 job" in cluster.logs_of("iso-a"), 10,
+               "the keeper to log what it killed")
     cluster.start_agent("iso-b", "1xA100-80GB")
     done = wait_until(lambda: (j := cluster.client.get(job.id)).state is JobState.SUCCEEDED
                       and j, 60, "the job to finish on iso-b")
