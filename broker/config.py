@@ -49,6 +49,8 @@ class Config:
     lease_ttl_s: float = 3.0  # lease lifetime; dead nodes are noticed within 2 heartbeats
     reconcile_s: float = 1.0  # reconciler period (expire leases, resend lost commands)
     cycle_s: float = 1.0  # periodic scheduling cycle, besides event triggers
+    cycle_gap_s: float = 0.02  # back-to-back cycles (the queue changed during one) start at
+    # least this far apart, so each plans for more changes; a quiet queue's first is at once
     leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
     # this and a fifth of it after the leader dies (broker/leader.py)
     metrics_port: int = 9464  # the scheduler's Prometheus /metrics port (0: none)
@@ -57,6 +59,9 @@ class Config:
     job_pids_max: int = 4096  # most processes/threads one job part may have (its cgroup's
     # pids.max; not enforced where the agent runs jobs without cgroups, see workers/isolation)
     max_attempts: int = 5  # a job whose node dies under it this many times fails
+    retain_finished_s: float = 7 * 86400.0  # a finished job leaves the hot keys (queue --all,
+    # the snapshot's indexes) this long after it ended, for a compressed archive that
+    # `spillway show` still reads; 0 keeps every job hot
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint)
     default_class: str = "normal"

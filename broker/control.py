@@ -37,11 +37,19 @@ def run_cycles(rt: Runtime, policies: PolicySet | None = None, max_loops: int = 
     Returns the number of jobs started."""
     started = 0
     rt.redis.delete(DIRTY)
+    gap = rt.config.cycle_gap_s
     for _ in range(max_loops):
+        t0 = time.monotonic()
         applied, dirty = one_cycle(rt, policies)
         started += len(applied.started)
         if not dirty:  # nothing happened while the cycle ran
             break
+        # more changed meanwhile: the next cycle waits out the gap, so that it plans for all
+        # the jobs that end in it at once (a cycle's cost grows with the queue, not with the
+        # jobs it starts); the first cycle after a quiet spell never waits
+        rest = gap - (time.monotonic() - t0)
+        if rest > 0:
+            time.sleep(rest)
     else:
         trigger_cycle(rt)  # still dirty: the next wake-up goes on at once
     return started
