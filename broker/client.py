@@ -262,10 +262,13 @@ class Client:
         return self.store.get(job_id)
 
     def list(self, state: StateFilter = None, team: str | None = None,
-             priority: str | None = None, limit: int | None = None) -> builtins.list[Job]:
-        """Jobs oldest first; ``limit`` keeps the newest N."""
+             priority: str | None = None, limit: int | None = None,
+             skip: int = 0) -> builtins.list[Job]:
+        """Jobs oldest first; ``limit`` keeps the newest N, after skipping the newest ``skip``
+        (pages back). Jobs finished more than ``retain_finished_s`` ago are not listed;
+        :meth:`get` still reads them."""
         return self.store.list_jobs(parse_states(state), team=team, priority=priority,
-                                    limit=limit)
+                                    limit=limit, skip=skip)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job: a queued one ends at once, a placed one is stopped (SIGTERM, grace,

@@ -103,7 +103,7 @@ class Leader:
         renewer = threading.Thread(target=self._renew_loop, name="spillway-lease", daemon=True)
         renewer.start()
         cfg = self.rt.config
-        next_reconcile = 0.0
+        next_reconcile = next_archive = 0.0
         try:
             while not self.stop.is_set():
                 try:
@@ -121,6 +121,9 @@ class Leader:
                             self.metrics.observe_reconcile(
                                 reconcile(self.rt, judge_from=self.judge_from()))
                             next_reconcile = time.monotonic() + cfg.reconcile_s
+                        if time.monotonic() >= next_archive:  # retention: once a minute
+                            self.rt.store.archive_finished(time.time())
+                            next_archive = time.monotonic() + 60.0
                     wait = max(0.01, min(cfg.cycle_s, next_reconcile - time.monotonic()))
                     self.rt.redis.blpop([WAKE], timeout=wait)
                 except Fenced as e:

@@ -154,7 +154,10 @@ def queue(
     team: Annotated[str | None, Opt("--team", "-t", help="Only this team.")] = None,
     priority: Annotated[str | None, Opt("--priority", "-p", help="Only this class.")] = None,
     all_: Annotated[bool, Opt("--all", "-a", help="Include finished jobs.")] = False,
-    limit: Annotated[int | None, Opt("--limit", help="Only the newest N.")] = None,
+    limit: Annotated[int | None, Opt("--limit", help="Only the newest N (default with --all: "
+                                                     "100 a page).")] = None,
+    page: Annotated[int, Opt("--page", min=1, help="With --limit (or --all): page N, newest "
+                                                   "first.")] = 1,
     as_json: Annotated[bool, Opt("--json", help="Print JSON (a list of jobs).")] = False,
 ) -> None:
     """List jobs: queued and running by default; --all for finished ones too."""
@@ -164,7 +167,11 @@ def queue(
         states = None
     else:
         states = {JobState.PENDING, *ACTIVE}
-    jobs = settings(ctx).client().list(states, team=team, priority=priority, limit=limit)
+    if all_ and limit is None:
+        limit = 100
+    skip = (page - 1) * limit if limit is not None else 0
+    jobs = settings(ctx).client().list(states, team=team, priority=priority, limit=limit,
+                                       skip=skip)
     if as_json:
         print_json([j.to_dict() for j in jobs])
         return

@@ -23,7 +23,7 @@ from broker.config import Config
 from broker.errors import Conflict, Fenced, JobNotFound, NodeNotFound, StaleAttempt
 from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Applied, Plan, Reservation, Snapshot
-from broker.state import ACTIVE, EvictionKind, JobState
+from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import JobEvent
 from broker.store.leadership import Leadership
@@ -176,8 +176,34 @@ class BaseStore(Leadership, ABC):
     def get(self, job_id: str) -> Job:
         job = self._load([job_id])[0]
         if job is None:
+            job = self._load_archived(job_id)  # a finished job past retain_finished_s
+        if job is None:
             raise JobNotFound(job_id)
         return self._with_reasons([job])[0]
+
+    # -- retention -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _archive(self, jobs: Sequence[Job]) -> None:
+        """Move finished jobs from the hot keys to the archive (compressed), in one step."""
+
+    @abstractmethod
+    def _load_archived(self, job_id: str) -> Job | None: ...
+
+    def archive_finished(self, now: float, scan: int = 5000) -> int:
+        """Move jobs that finished more than ``retain_finished_s`` ago out of the hot keys
+        (the queue, ``queue --all``, the snapshot's indexes) into a compressed archive that
+        ``get`` (``spillway show``) still reads. Scans the ``scan`` oldest jobs a call (the
+        leader calls it now and then). Returns how many moved; 0 with retention off."""
+        keep = self.config.retain_finished_s
+        if keep <= 0:
+            return 0
+        before = now - keep
+        old = [j for j in self._load(self._index("all")[:scan]) if j is not None
+               and j.state in TERMINAL and j.finished_at is not None and j.finished_at < before]
+        if old:
+            self._archive(old)
+        return len(old)
 
     def list_ids(self, which: str) -> list[str]:
         """Ids in the ``pending``, ``active`` or ``all`` index, oldest first (no documents)."""
@@ -187,7 +213,10 @@ class BaseStore(Leadership, ABC):
         return self._load(job_ids)
 
     def list_jobs(self, states: Iterable[JobState] | None = None, team: str | None = None,
-                  priority: str | None = None, limit: int | None = None) -> list[Job]:
+                  priority: str | None = None, limit: int | None = None,
+                  skip: int = 0) -> list[Job]:
+        """Jobs oldest first; ``limit``: only the newest that many, after skipping the newest
+        ``skip`` (pages back through a long history)."""
         wanted = set(states) if states else None
         if wanted and wanted <= {JobState.PENDING}:
             ids = self._index("pending")
@@ -198,7 +227,8 @@ class BaseStore(Leadership, ABC):
         else:
             ids = self._index("all")
             if limit is not None and wanted is None and team is None and priority is None:
-                ids = ids[-limit:]  # newest first need not read the whole history
+                ids = ids[max(0, len(ids) - skip - limit):len(ids) - skip]  # (reads one page)
+                skip = 0
         out = [
             j for j in self._load(ids)
             if j is not None
@@ -207,6 +237,8 @@ class BaseStore(Leadership, ABC):
             and (priority is None or j.priority == priority)
         ]
         out.sort(key=lambda j: (j.submitted_at, j.id))
+        if skip:
+            out = out[:max(0, len(out) - skip)]
         if limit is not None:
             out = out[-limit:]
         return self._with_reasons(out)

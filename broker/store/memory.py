@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -44,6 +46,7 @@ class MemoryStore(BaseStore):
         self._queue_order: QueueOrder | None = None
         self._leadership: tuple[str, float] | None = None  # (token, lease end)
         self._epoch = 0
+        self._archived: dict[str, bytes] = {}  # job id -> compressed JSON (retention)
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -79,6 +82,20 @@ class MemoryStore(BaseStore):
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:
             return [self._jobs.get(i) for i in job_ids]
+
+    def _archive(self, jobs: Sequence[Job]) -> None:
+        with self._lock:
+            for job in jobs:
+                self._archived[job.id] = zlib.compress(
+                    json.dumps(job.to_dict(), separators=(",", ":")).encode())
+                self._jobs.pop(job.id, None)
+                self._order.pop(job.id, None)
+                self._reasons.pop(job.id, None)
+
+    def _load_archived(self, job_id: str) -> Job | None:
+        with self._lock:
+            raw = self._archived.get(job_id)
+        return None if raw is None else Job.from_dict(json.loads(zlib.decompress(raw)))
 
     def _acquire(self, owner: str, ttl_s: float, now: float) -> str | None:
         with self._lock:

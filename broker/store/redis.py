@@ -14,6 +14,8 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     usage                 HASH   team -> JSON [decayed GPU-seconds, as of time]
     runtimes              STREAM s (JSON [team, name, GPUs, limit, runtime]) of finished jobs
     reservation           STRING JSON of the reservation the last cycle made (EASY backfill)
+    archive               HASH   job id -> zlib-compressed Job JSON of jobs finished more
+                                 than retain_finished_s ago (out of every other key)
     order                 STRING the last cycle's queue: "<time> <count>\n" then the first
                                  ORDER_CAP job ids, space-separated (rewritten each cycle)
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -101,6 +104,7 @@ class RedisStore(BaseStore):
             f"{p}usage", f"{p}runtimes", f"{p}reservation")
         self._usage_script = self.redis.register_script(ADD_USAGE)
         self._k_order = f"{p}order"
+        self._k_archive = f"{p}archive"
         self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
         self._acquire_script = self.redis.register_script(ACQUIRE)
         self._renew_script = self.redis.register_script(RENEW)
@@ -135,6 +139,25 @@ class RedisStore(BaseStore):
                 pipe.hget(self._k_job(job_id), "doc")
             out += [self._parse(job_id, doc) for job_id, doc in zip(chunk, pipe.execute())]
         return out
+
+    def _archive(self, jobs: Sequence[Job]) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        for job in jobs:
+            doc = json.dumps(job.to_dict(), separators=(",", ":")).encode()
+            pipe.hset(self._k_archive, job.id, zlib.compress(doc))
+            pipe.delete(self._k_job(job.id))
+            pipe.zrem(self._k_all, job.id)
+            pipe.hdel(self._k_reasons, job.id)
+        pipe.execute()
+        for job in jobs:
+            self._parsed.pop(job.id, None)
+
+    def _load_archived(self, job_id: str) -> Job | None:
+        raw = self.redis.hget(self._k_archive, job_id)
+        if raw is None:
+            return None
+        return Job.from_dict(json.loads(zlib.decompress(raw if isinstance(raw, bytes)
+                                                        else raw.encode("latin-1"))))
 
     def _load_index(self, which: str) -> list[Job]:
         """The jobs of the ``pending`` or ``active`` index, oldest first: its id -> version

@@ -960,3 +960,46 @@ def test_a_former_leaders_writes_are_fenced(store: BaseStore) -> None:
         assert [j.id for j in store.apply(plan, T0 + 3).started] == [job.id]
     assert store.fence_token() is None  # only inside the block
     store.cancel(job.id, T0 + 4)  # writes outside a leader's block are not fenced
+
+
+# -- retention and paging -------------------------------------------------------------------
+
+
+def test_finished_jobs_leave_the_hot_keys_and_show_still_reads_them(  # type: ignore[no-untyped-def]
+        store_factory) -> None:
+    store = store_factory(Config(retain_finished_s=100.0))
+    live(store, node())
+    done = running(store, store.submit(spec(name="old"), T0), ("n1", ["n1-g0"]))
+    done = store.report(done.id, 1, Exited(0, 0), T0 + 5)
+    fresh = running(store, store.submit(spec(name="new"), T0 + 50), ("n1", ["n1-g0"]),
+                    now=T0 + 50)
+    fresh = store.report(fresh.id, 1, Exited(0, 0), T0 + 60)
+    waiting = store.submit(spec(name="waiting"), T0 + 1)
+    assert store.archive_finished(T0 + 104) == 0  # finished 99 s ago: kept
+    assert store.archive_finished(T0 + 106) == 1
+    assert [j.id for j in store.list_jobs()] == [waiting.id, fresh.id]
+    assert done.id not in store.list_ids("all")
+    shown = store.get(done.id)  # from the archive, whole
+    assert (shown.state, shown.history, shown.attempts) == (S.SUCCEEDED, done.history,
+                                                            done.attempts)
+    assert store.archive_finished(T0 + 106) == 0  # nothing twice
+    with pytest.raises(JobNotFound):
+        store.get("j-nothere")
+
+
+def test_retention_off_keeps_every_job(store_factory) -> None:  # type: ignore[no-untyped-def]
+    store = store_factory(Config(retain_finished_s=0))
+    job = store.submit(spec(), T0)
+    store.cancel(job.id, T0 + 1)
+    assert store.archive_finished(T0 + 10**9) == 0
+    assert [j.id for j in store.list_jobs()] == [job.id]
+
+
+def test_list_jobs_pages_back_newest_first(store: BaseStore) -> None:
+    ids = [store.submit(spec(), T0 + i).id for i in range(7)]
+    assert [j.id for j in store.list_jobs(limit=3)] == ids[4:]
+    assert [j.id for j in store.list_jobs(limit=3, skip=3)] == ids[1:4]
+    assert [j.id for j in store.list_jobs(limit=3, skip=6)] == ids[:1]
+    assert store.list_jobs(limit=3, skip=7) == []
+    pending = [j.id for j in store.list_jobs({S.PENDING}, limit=2, skip=1)]
+    assert pending == ids[4:6]
