@@ -20,19 +20,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from broker.config import Config
-from broker.errors import Conflict, Fenced, JobNotFound, NodeNotFound, StaleAttempt
+from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
 from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
+from broker.store import nodes as _nodes
+from broker.store import reports as _reports
 from broker.store import transitions as T
 from broker.store.events import JobEvent
 from broker.store.leadership import Leadership
-
-OK, VERSION, BUSY, DEAD, FENCED = "ok", "version", "busy", "dead", "fenced"
-# _add_usage's arguments: team, GPU-seconds, time, half-life, runtime sample or None
-_Usage = tuple[str, float, float, float, tuple[str, str, int, float, float] | None]
-_FOREVER = 1e300
-_RETRIES = 20
+from broker.store.status import FENCED, OK, RETRIES, VERSION, Usage
 
 
 @dataclass(frozen=True)
@@ -253,7 +250,7 @@ class BaseStore(Leadership, ABC):
 
     def _update(self, job_id: str, fn: Callable[..., T.Change | None], *args: object) -> Job:
         """Read, compute a Change with ``fn``, compare-and-set; retry on a lost race."""
-        for _ in range(_RETRIES):
+        for _ in range(RETRIES):
             job = self._load([job_id])[0]
             if job is None:
                 raise JobNotFound(job_id)
@@ -277,7 +274,7 @@ class BaseStore(Leadership, ABC):
         if usage is not None:
             self._add_usage(*usage)
 
-    def _usage_of(self, old: Job, new: Job) -> _Usage | None:
+    def _usage_of(self, old: Job, new: Job) -> Usage | None:
         """The ``_add_usage`` arguments for the change ``old`` -> ``new``; None if it ended no
         attempt."""
         if old.state not in ACTIVE or (new.state in ACTIVE and new.attempt == old.attempt):
@@ -292,7 +289,7 @@ class BaseStore(Leadership, ABC):
         return (old.team, old.res.total_gpus * ran, att.ended_at,
                 self.config.fairshare_half_life_s, sample)
 
-    def _add_usage_many(self, usages: Sequence[_Usage]) -> None:
+    def _add_usage_many(self, usages: Sequence[Usage]) -> None:
         """``_add_usage`` for each, in order (backends may do it in one round trip)."""
         for usage in usages:
             self._add_usage(*usage)
@@ -328,117 +325,14 @@ class BaseStore(Leadership, ABC):
 
     def report_many(self, reports: Sequence[tuple[str, int, JobEvent, float]]
                     ) -> list[Job | Exception]:
-        """Several reports (job id, attempt, event, time), with the outcome of calling
-        :meth:`report` for each in turn, in a few round trips: the jobs are read together, the
-        reports on one job are applied in order and written as one compare-and-set (its
-        history keeps every step, each with its own time), and the usage of the attempts they
-        end is added together. One result per report: the job after it, or the
-        StaleAttempt, JobNotFound or Conflict it met (only a failing store raises).
-
-        A job the backend holds already (:meth:`_cached_jobs`: the version it last read or
-        wrote) is not read first: the write's compare-and-set proves the guess (on a lost
-        race the job is read and its reports redone); a guess that changes nothing is not
-        trusted, the job is read."""
-        results: list[Job | Exception | None] = [None] * len(reports)
-        todo: dict[str, list[int]] = {}
-        for i, (job_id, _, _, _) in enumerate(reports):
-            todo.setdefault(job_id, []).append(i)
-        read: set[str] = set()  # jobs whose cached copy lost a race: read them
-        mp = self.config.max_preemptions
-        for _ in range(_RETRIES):
-            if not todo:
-                break
-            ids = list(todo)
-            changes: list[T.Change] = []
-            steps: list[tuple[str, list[tuple[int, Job, Job]], list[int]]] = []
-            need: list[str] = []
-            for job_id, job in zip(ids, self._cached_jobs(ids)):
-                if job is None or job_id in read:
-                    need.append(job_id)
-                    continue
-                change, done, rest = self._fold_reports(job, [(i, reports[i]) for i in
-                                                              todo[job_id]], results, mp)
-                if change is None:
-                    need.append(job_id)
-                    continue
-                changes.append(change)
-                steps.append((job_id, done, rest))
-            for job_id, job in zip(need, self._load(need) if need else []):
-                if job is None:
-                    for i in todo.pop(job_id):
-                        results[i] = JobNotFound(job_id)
-                    continue
-                change, done, rest = self._fold_reports(job, [(i, reports[i]) for i in
-                                                              todo[job_id]], results, mp)
-                if change is None:  # nothing to write: every report answered from ``job``
-                    del todo[job_id]
-                    continue
-                changes.append(change)
-                steps.append((job_id, done, rest))
-            usages: list[_Usage] = []
-            fenced = False
-            for (job_id, done, rest), status in zip(steps, self._commit(changes)):
-                if status == OK:
-                    for i, before, after in done:
-                        results[i] = after
-                        usage = self._usage_of(before, after)
-                        if usage is not None:
-                            usages.append(usage)
-                    if rest:
-                        todo[job_id] = rest  # reports that could not join this write
-                    else:
-                        del todo[job_id]
-                elif status == FENCED:
-                    fenced = True
-                elif status == VERSION:  # read it again and redo them all
-                    read.add(job_id)
-                else:
-                    for i in todo.pop(job_id):
-                        results[i] = Conflict(f"job {job_id}: write refused ({status})")
-            if usages:
-                self._add_usage_many(usages)
-            if fenced:  # (the writes that went through are accounted above)
-                raise Fenced(self.fence_token() or "")
-        for i in (i for idx in todo.values() for i in idx):
-            results[i] = Conflict(f"job {reports[i][0]}: too many concurrent writers")
-        return [r if r is not None else JobNotFound(reports[n][0])
-                for n, r in enumerate(results)]
+        """Several reports (job id, attempt, event, time) with the outcome of :meth:`report`
+        for each in turn, in a few round trips (broker/store/reports.py)."""
+        return _reports.report_many(self, reports)
 
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         """The copy of each job this backend holds without a read, if any (a guess: it may be
         older than the store's)."""
         return [None] * len(job_ids)
-
-    @staticmethod
-    def _fold_reports(job: Job, reports: list[tuple[int, tuple[str, int, JobEvent, float]]],
-                      results: list[Job | Exception | None], max_preemptions: int
-                      ) -> tuple[T.Change | None, list[tuple[int, Job, Job]], list[int]]:
-        """Apply ``reports`` (index, report) to ``job`` in order, as one Change. Returns the
-        Change (None: nothing changed), the (index, before, after) of each report that
-        changed the job, and the indexes left for a later write (a report whose GPU release
-        belongs to another owner cannot join). Reports that change nothing or are stale get
-        their result in ``results`` at once."""
-        cur, merged, done = job, None, []
-        for n, (i, (_, attempt, event, now)) in enumerate(reports):
-            try:
-                change = T.report(cur, attempt, event, now, max_preemptions)
-            except StaleAttempt as e:
-                results[i] = e
-                continue
-            if change is None:
-                results[i] = cur
-                continue
-            if merged is None:
-                merged = change
-            elif change.release and merged.release and \
-                    change.release_owner != merged.release_owner:
-                return merged, done, [j for j, _ in reports[n:]]
-            else:
-                merged = replace(merged, job=change.job, release=merged.release + change.release,
-                                 release_owner=change.release_owner or merged.release_owner)
-            done.append((i, cur, change.job))
-            cur = change.job
-        return merged, done, []
 
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
         return self._update(job_id, T.cancel, now, reason)
@@ -577,70 +471,21 @@ class BaseStore(Leadership, ABC):
         raw = self._get_reservation()
         return Reservation.from_dict(json.loads(raw)) if raw else None
 
-    # -- nodes ---------------------------------------------------------------------------------
+    # -- nodes (broker/store/nodes.py) ---------------------------------------------------------
 
     def heartbeat(self, node: Node, ttl: float, now: float) -> list[Job]:
         """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
         jobs the old one held: their processes died with it. Returns the jobs requeued."""
-        old = next((n for n in self._load_nodes() if n.id == node.id), None)
-        lost: list[Job] = []
-        if old is not None and old.incarnation != node.incarnation and old.state is not \
-                NodeState.DOWN:
-            self._mark_down(node.id, old.incarnation, _FOREVER)
-            lost = self._lose_jobs_on(node.id, now, "Agent restarted")
-        if old is not None and old.drained_by:  # an operator's drain sticks, even across an
-            node = replace(node, state=NodeState.DRAINING,  # agent restart or a DOWN spell
-                           drained_by=old.drained_by)
-        elif old is not None and old.incarnation == node.incarnation and \
-                old.state is NodeState.DRAINING and node.state is NodeState.READY:
-            node = replace(node, state=NodeState.DRAINING)  # (a drain recorded before
-            # drained_by existed: it sticks while this agent lives)
-        self._put_node(node, now + ttl)
-        return lost
+        return _nodes.heartbeat(self, node, ttl, now)
 
     def set_node_state(self, node_id: str, state: NodeState, by: str = "operator") -> Node:
         """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
         on a resume). DOWN is only reached by lease expiry."""
-        if state is NodeState.DOWN:
-            raise ValueError("a node goes DOWN only when its lease expires; drain it instead")
-        node = next((n for n in self._load_nodes() if n.id == node_id), None)
-        if node is None:
-            raise NodeNotFound(node_id)
-        new = replace(node, state=state,
-                      drained_by=by if state is NodeState.DRAINING else "")
-        if node.state is NodeState.DOWN:  # (it stays DOWN until its agent is back)
-            new = replace(new, state=NodeState.DOWN)
-        self._put_node(new, node.lease_expires)
-        return new
+        return _nodes.set_node_state(self, node_id, state, by)
 
     def nodes(self) -> list[Node]:
-        return sorted(self._load_nodes(), key=lambda n: n.id)
+        return _nodes.nodes(self)
 
     def expire(self, now: float) -> list[Job]:
-        """Mark nodes whose lease ran out DOWN and requeue the jobs they held."""
-        requeued: list[Job] = []
-        for node in self._load_nodes():
-            if node.state is NodeState.DOWN or node.lease_expires > now:
-                continue
-            if self._mark_down(node.id, node.incarnation, now):
-                requeued += self._lose_jobs_on(node.id, now, f"Node {node.id} lease expired")
-        return requeued
-
-    def _lose_jobs_on(self, node_id: str, now: float, reason: str) -> list[Job]:
-        out = []
-        for job in self._load(self._index("active")):
-            if job is None or node_id not in job.node_ids or job.state not in ACTIVE:
-                continue
-            try:
-                out.append(self._update(job.id, _lose_if_on, node_id, job.attempt, now, reason,
-                                        self.config.max_attempts))
-            except (JobNotFound, Conflict):
-                continue
-        return out
-
-
-def _lose_if_on(job: Job, node_id: str, attempt: int, now: float, reason: str,
-                max_attempts: int) -> T.Change | None:
-    if job.attempt != attempt or job.state not in ACTIVE or node_id not in job.node_ids:
-        return None
-    return T.lose(job, now, reason, max_attempts)
+        """Mark nodes whose lease lapsed DOWN and requeue their jobs."""
+        return _nodes.expire(self, now)

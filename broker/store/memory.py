@@ -12,17 +12,8 @@ from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import BY_AGE, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
-from broker.store.base import (
-    BUSY,
-    DEAD,
-    FENCED,
-    OK,
-    ORDER_CAP,
-    VERSION,
-    BaseStore,
-    LogLine,
-    QueueOrder,
-)
+from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.status import BUSY, DEAD, FENCED, OK, VERSION
 from broker.store.transitions import Change
 
 

@@ -1,0 +1,83 @@
+"""Nodes in the store: heartbeats and leases, drains, and requeueing the jobs of a dead node
+(a mixin of :class:`~broker.store.base.BaseStore`, which holds the rules)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from broker.errors import Conflict, JobNotFound, NodeNotFound
+from broker.model import Job, Node, NodeState
+from broker.state import ACTIVE
+from broker.store import transitions as T
+
+if TYPE_CHECKING:
+    from broker.store.base import BaseStore
+
+_FOREVER = 1e300  # (a lease time past any now)
+
+
+def heartbeat(store: BaseStore, node: Node, ttl: float, now: float) -> list[Job]:
+    """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
+    jobs the old one held: their processes died with it. Returns the jobs requeued."""
+    old = next((n for n in store._load_nodes() if n.id == node.id), None)
+    lost: list[Job] = []
+    if old is not None and old.incarnation != node.incarnation and old.state is not \
+            NodeState.DOWN:
+        store._mark_down(node.id, old.incarnation, _FOREVER)
+        lost = _lose_jobs_on(store, node.id, now, "Agent restarted")
+    if old is not None and old.drained_by:  # an operator's drain sticks, even across an
+        node = replace(node, state=NodeState.DRAINING,  # agent restart or a DOWN spell
+                       drained_by=old.drained_by)
+    elif old is not None and old.incarnation == node.incarnation and \
+            old.state is NodeState.DRAINING and node.state is NodeState.READY:
+        node = replace(node, state=NodeState.DRAINING)  # (a drain recorded before
+        # drained_by existed: it sticks while this agent lives)
+    store._put_node(node, now + ttl)
+    return lost
+
+def set_node_state(store: BaseStore, node_id: str, state: NodeState, by: str = "operator") -> Node:
+    """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
+    on a resume). DOWN is only reached by lease expiry."""
+    if state is NodeState.DOWN:
+        raise ValueError("a node goes DOWN only when its lease expires; drain it instead")
+    node = next((n for n in store._load_nodes() if n.id == node_id), None)
+    if node is None:
+        raise NodeNotFound(node_id)
+    new = replace(node, state=state,
+                  drained_by=by if state is NodeState.DRAINING else "")
+    if node.state is NodeState.DOWN:  # (it stays DOWN until its agent is back)
+        new = replace(new, state=NodeState.DOWN)
+    store._put_node(new, node.lease_expires)
+    return new
+
+def nodes(store: BaseStore) -> list[Node]:
+    return sorted(store._load_nodes(), key=lambda n: n.id)
+
+def expire(store: BaseStore, now: float) -> list[Job]:
+    """Mark nodes whose lease ran out DOWN and requeue the jobs they held."""
+    requeued: list[Job] = []
+    for node in store._load_nodes():
+        if node.state is NodeState.DOWN or node.lease_expires > now:
+            continue
+        if store._mark_down(node.id, node.incarnation, now):
+            requeued += _lose_jobs_on(store, node.id, now, f"Node {node.id} lease expired")
+    return requeued
+
+def _lose_jobs_on(store: BaseStore, node_id: str, now: float, reason: str) -> list[Job]:
+    out = []
+    for job in store._load(store._index("active")):
+        if job is None or node_id not in job.node_ids or job.state not in ACTIVE:
+            continue
+        try:
+            out.append(store._update(job.id, _lose_if_on, node_id, job.attempt, now, reason,
+                                    store.config.max_attempts))
+        except (JobNotFound, Conflict):
+            continue
+    return out
+
+def _lose_if_on(job: Job, node_id: str, attempt: int, now: float, reason: str,
+                max_attempts: int) -> T.Change | None:
+    if job.attempt != attempt or job.state not in ACTIVE or node_id not in job.node_ids:
+        return None
+    return T.lose(job, now, reason, max_attempts)
