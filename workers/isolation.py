@@ -37,12 +37,7 @@ V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
+_read = keeper._read  # (a file's text, or "" when it cannot be read)
 
 
 def _write(path: str, text: str) -> None:

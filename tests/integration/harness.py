@@ -3,12 +3,13 @@ processes with static inventories, on a real Redis database of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,7 +20,7 @@ from tests.conftest import with_db
 
 T = TypeVar("T")
 
-__all__ = ["FAST_TIMINGS", "Cluster", "pid_alive", "wait_until", "with_db"]
+__all__ = ["FAST_TIMINGS", "Cluster", "pid_alive", "running", "wait_until", "with_db"]
 
 
 def wait_until(pred: Callable[[], T], timeout: float, what: str) -> T:
@@ -91,3 +92,18 @@ class Cluster:
         self.client.close()
         self.redis.flushdb()
         self.redis.close()
+
+
+@contextlib.contextmanager
+def running(redis_url: str, workdir: Path) -> Iterator[Cluster]:
+    """A Cluster that prints each process's log tail and stops everything on the way out."""
+    c = Cluster(redis_url, workdir)
+    try:
+        yield c
+    finally:
+        for name in c.procs:
+            print(f"----- {name} log tail -----\n{c.logs_of(name)[-2000:]}")
+        for p in c.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)  # (a test may have frozen one)
+        c.stop()

@@ -22,7 +22,7 @@ import pytest
 
 from broker.model import JobSpec
 from broker.state import TERMINAL, JobState
-from tests.integration.harness import FAST_TIMINGS, Cluster, wait_until, with_db
+from tests.integration.harness import FAST_TIMINGS, Cluster, running, wait_until, with_db
 from workers import keeper
 from workers.isolation import detect
 
@@ -44,13 +44,8 @@ def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
     if not cgroups_possible(tmp_path):
         pytest.skip("no cgroup can be made on this host (neither v2 with memory/pids/cpu "
                     "delegated nor writable v1 memory/cpu/pids/freezer)")
-    c = Cluster(with_db(redis_url, 10), tmp_path)
-    try:
+    with running(with_db(redis_url, 10), tmp_path) as c:
         yield c
-    finally:
-        for name in c.procs:
-            print(f"----- {name} log tail -----\n{c.logs_of(name)[-2000:]}")
-        c.stop()
 
 
 def job_pids(job_id: str) -> list[int]:

@@ -22,7 +22,7 @@ import pytest
 
 from broker.model import Job, JobSpec
 from broker.state import TERMINAL, JobState
-from tests.integration.harness import Cluster, wait_until, with_db
+from tests.integration.harness import Cluster, running, wait_until, with_db
 from tests.integration.test_end_to_end import assert_no_gpu_held_twice
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,14 +33,9 @@ KILLS = 5
 
 @pytest.fixture
 def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(with_db(redis_url, 10), tmp_path)
-    c.env.update({"SPILLWAY_CYCLE_S": str(CYCLE_S), "SPILLWAY_LEADER_LEASE_S": str(LEASE_S)})
-    try:
+    with running(with_db(redis_url, 10), tmp_path) as c:
+        c.env.update({"SPILLWAY_CYCLE_S": str(CYCLE_S), "SPILLWAY_LEADER_LEASE_S": str(LEASE_S)})
         yield c
-    finally:
-        for name in c.procs:
-            print(f"----- {name} log tail -----\n{c.logs_of(name)[-2000:]}")
-        c.stop()
 
 
 def leader_pid(cluster: Cluster) -> tuple[str, int] | None:

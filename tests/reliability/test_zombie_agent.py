@@ -17,23 +17,15 @@ import pytest
 
 from broker.model import JobSpec
 from broker.state import JobState
-from tests.integration.harness import Cluster, wait_until, with_db
+from tests.integration.harness import Cluster, running, wait_until, with_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture
 def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(with_db(redis_url, 9), tmp_path)
-    try:
+    with running(with_db(redis_url, 9), tmp_path) as c:
         yield c
-    finally:
-        for name in c.procs:
-            print(f"----- {name} log tail -----\n{c.logs_of(name)[-2000:]}")
-        for p in c.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-        c.stop()
 
 
 def test_a_zombie_agents_stale_reports_are_refused(cluster: Cluster, tmp_path: Path) -> None:
