@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -105,18 +105,29 @@ def _host_at(f: object, res: Resources, now: float, released: list[tuple[float, 
 
 
 def reserve(job: Job, index: FreeIndex, profile: Profile, now: float,
-            hosts: HostProfile | None = None) -> Shadow | None:
+            hosts: HostProfile | Callable[[], HostProfile] | None = None) -> Shadow | None:
     """The earliest reservation for ``job``, or None if it can never be computed (jobs with
     no limit and no estimate hold the GPUs it needs). ``hosts``: when running jobs give back
-    CPUs and memory (a node short of them now is ready once enough are back)."""
+    CPUs and memory (a node short of them now is ready once enough are back), or a function
+    that computes it (called only if a node is short)."""
     res = job.res
+    made: list[HostProfile] = []
+
+    def released(nid: str) -> list[tuple[float, float, float]]:
+        if hosts is None:
+            return []
+        if not made:
+            made.append(hosts() if callable(hosts) else hosts)
+        return made[0].get(nid, [])
+
     best: tuple[float, Kind, list[str]] | None = None
     for kind in index.wanted(res):
         ready: list[tuple[float, str]] = []
         for nid, f in index.nodes.items():
             if not index.site_ok(f, job.spec.sites):
                 continue
-            host_at = _host_at(f, res, now, (hosts or {}).get(nid, []))
+            host_at = now if f.cpus >= res.cpus and f.mem >= res.memory_gb \
+                else _host_at(f, res, now, released(nid))
             if not math.isfinite(host_at):
                 continue
             have = len(f.devices.get(kind, ()))
@@ -164,10 +175,10 @@ class Easy(Reserver):
     may end up to this x the head's wait past the reservation's start (relaxed backfill)."""
 
     def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
-        hosts = None
-        if job.res.cpus or job.res.memory_gb:  # (when running jobs give CPUs and memory back)
-            hosts = host_profile([(j, cycle.end_of(j)) for j in cycle.snap.active]
-                                 + cycle.started)
+        def hosts() -> HostProfile:  # when running jobs give CPUs and memory back (if asked)
+            return host_profile([(j, cycle.end_of(j)) for j in cycle.snap.active]
+                                + cycle.started)
+
         shadow = reserve(job, cycle.index, profile, cycle.now, hosts)
         relax = float(cycle.settings("easy")["backfill_relax"])
         if shadow is not None and relax > 0:
