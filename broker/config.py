@@ -62,6 +62,8 @@ class Config:
     retain_finished_s: float = 7 * 86400.0  # a finished job leaves the hot keys (queue --all,
     # the snapshot's indexes) this long after it ended, for a compressed archive that
     # `spillway show` still reads; 0 keeps every job hot
+    job_user: str = ""  # run jobs as this unprivileged user (the agent as root); "": as the
+    # agent's own user
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint)
     default_class: str = "normal"

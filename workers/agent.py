@@ -60,7 +60,7 @@ class Agent:
         self._trigger, self._send_stops = trigger, send_stops
         self.isolation = detect(node.id, work_dir, config.job_pids_max)  # warns if no cgroups
         self.sup = Supervisor(store, work_dir, on_exits=self._on_exits, grace_s=config.grace_s,
-                              isolation=self.isolation)
+                              isolation=self.isolation, job_user=config.job_user)
         self._lock = threading.RLock()  # one start/stop decision at a time
         self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
         self._stopping: set[Key] = set()

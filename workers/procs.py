@@ -49,6 +49,27 @@ def pdeathsig_prefix() -> tuple[str, ...]:
     return (path, "--pdeathsig", "KILL", "--")
 
 
+def as_user_prefix(user: str) -> tuple[str, ...]:
+    """``(setpriv, --reuid U, --regid G, --init-groups, --pdeathsig KILL, --)`` to run a job as
+    ``user`` (the parent-death signal is set after the change of user, which would clear it);
+    ConfigError naming the user when it does not exist or setpriv is missing."""
+    import pwd
+
+    from broker.errors import ConfigError
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ConfigError(f"config job_user: {user!r} is no user on this host; allowed: an "
+                          "existing unprivileged user, or empty to run jobs as the agent's "
+                          "user") from None
+    path = shutil.which("setpriv")
+    if path is None:
+        raise ConfigError("config job_user needs util-linux setpriv, which is not installed")
+    return (path, "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid), "--init-groups",
+            "--pdeathsig", "KILL", "--")
+
+
 class LineSplitter:
     """Turns the bytes of one pipe into text lines (UTF-8, invalid bytes replaced)."""
 

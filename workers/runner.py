@@ -25,6 +25,7 @@ import heapq
 import itertools
 import logging
 import os
+import pwd
 import queue
 import selectors
 import signal
@@ -44,6 +45,7 @@ from workers.procs import (
     LineSplitter,
     StartError,
     agent_tag,
+    as_user_prefix,
     exit_code,
     job_launch,
     pdeathsig_prefix,
@@ -123,7 +125,8 @@ class Supervisor:
                  | None = None, grace_s: float = 30.0, flush_s: float = 0.1,
                  flush_lines: int = 500, clock: Callable[[], float] = time.time,
                  isolation: Isolation | None = None,
-                 on_exits: Callable[[list[RunningPart]], None] | None = None) -> None:
+                 on_exits: Callable[[list[RunningPart]], None] | None = None,
+                 job_user: str = "") -> None:
         self.isolation = isolation  # None: no cgroups nor scratch directories (as before)
         self.store, self.on_exit, self.grace_s = store, on_exit, grace_s
         self.on_exits = on_exits
@@ -133,6 +136,10 @@ class Supervisor:
         os.makedirs(self.log_dir, exist_ok=True)
         self._base_env = dict(os.environ)  # the agent's environment, read once
         self._prefix = list(pdeathsig_prefix())
+        # jobs run as job_user (the agent as root): its setpriv goes after the cgroup step,
+        # which must still write as root
+        self._as_user = list(as_user_prefix(job_user)) if job_user else []
+        self.job_uid = pwd.getpwnam(job_user).pw_uid if job_user else None
         self._agent = agent_tag()
         self._lock = threading.Lock()
         self._parts: dict[Key, RunningPart] = {}  # written by the supervisor thread only
@@ -247,9 +254,16 @@ class Supervisor:
                                                job.spec.memory_gb, job.spec.cpus)
             except OSError as e:
                 raise StartError(f"cannot create the job's scratch directory: {e}") from None
-            argv = part._box.argv(argv)
+            if self.job_uid is not None:  # the job's user owns its scratch, and may reach it
+                with contextlib.suppress(OSError):
+                    os.chown(part._box.scratch, self.job_uid, -1)
+                    os.chmod(os.path.dirname(part._box.scratch), 0o711)
+            argv = part._box.argv(self._as_user + argv)
             env.update(part._box.env())
-        return _Launch(part, self._prefix + argv, cwd, env, job.spec.time_limit)
+        elif self._as_user:
+            argv = self._as_user + argv
+        prefix = [] if self._as_user else self._prefix  # (its own setpriv sets pdeathsig)
+        return _Launch(part, prefix + argv, cwd, env, job.spec.time_limit)
 
     def _start_failed(self, part: RunningPart, message: str) -> None:
         part.start_error, part.exit_code, part.reason = message, 127, "StartFailed"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -459,3 +461,42 @@ def test_agent_reports_a_start_again_when_the_first_report_failed(a: AgentHarnes
     assert a.state(job) is JobState.STARTING and len(a.sup.parts()) == 1
     a.agent.reconcile()  # neither starts it twice nor leaves it STARTING
     assert a.state(job) is JobState.RUNNING and len(a.sup.parts()) == 1
+
+
+# -- jobs as an unprivileged user (job_user) -----------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run jobs as another user")
+@pytest.mark.parametrize("isolated", [False, True])
+def test_jobs_run_as_the_configured_user(tmp_path: Path, isolated: bool) -> None:
+    import pwd
+
+    from workers.isolation import detect
+
+    nobody = pwd.getpwnam("nobody")
+    top = tempfile.mkdtemp(prefix="spillway-user-")  # (pytest's tmp_path is 0700: no way in)
+    os.chmod(top, 0o711)
+    tmp_path = Path(top)
+    h = Harness(tmp_path)
+    h.sup.close()
+    iso = detect("user-test", str(tmp_path / "iso"), warn=False) if isolated else None
+    h.sup = Supervisor(h.store, str(h.work_dir), on_exit=h._on_exit, isolation=iso,
+                       job_user="nobody")
+    try:
+        job = h.place(command="id -u; id -g; test -w \"$TMPDIR\" && echo scratch-ok; true",
+                      workdir="/tmp")
+        part = h.run(job)
+        assert part.exit_code == 0, h.lines(job)
+        out = h.lines(job, "out")
+        assert out[:2] == [str(nobody.pw_uid), str(nobody.pw_gid)]
+        assert ("scratch-ok" in out) is isolated  # its scratch directory is its own
+    finally:
+        h.sup.close()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_an_unknown_job_user_is_refused_by_name(tmp_path: Path) -> None:
+    from broker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="job_user: 'no-such-user-x' is no user on this"):
+        Supervisor(MemoryStore(), str(tmp_path), job_user="no-such-user-x")
