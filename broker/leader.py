@@ -133,6 +133,9 @@ class Leader:
                     log.warning("the store is unreachable (%s); retrying", e)
                     self.stop.wait(min(1.0, self.lease_s / 5))
                     self.reachable_since = time.time()  # judged again from when it answers
+                except Exception:  # a bug must not stop scheduling: say it, and go on
+                    log.exception("a cycle failed; the next one runs in a second")
+                    self.stop.wait(1.0)
         finally:
             self.stop.set()
             renewer.join(self.lease_s)
