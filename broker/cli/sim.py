@@ -2,15 +2,74 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from broker.cli.common import err, out, print_json
 from broker.cli.root import app
+from broker.errors import ConfigError
+
+if TYPE_CHECKING:
+    from broker.sim.engine import Progress, ProgressFn
 
 Opt = typer.Option
+REPORT_NEEDS = ("--report needs matplotlib, which `pip install -e .` leaves out: "
+                "pip install -e '.[sim]' (or pip install 'spillway[sim]'), then run again")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def progress_line(p: Progress) -> str:
+    """One run's progress, under 80 columns:
+    ``fcfs         jobs 1,234/3,210  sim 2017-10-05 14:00 (day 1.3)  wall 12 s``."""
+    when = datetime.fromtimestamp(p.origin + p.sim_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+    state = "done in" if p.done else "wall"
+    return (f"{p.policy:<12} jobs {p.arrived:,}/{p.total:,}  sim {when} "
+            f"(day {p.sim_s / 86400:.1f})  {state} {_duration(p.wall_s)}")
+
+
+@contextmanager
+def _progress(policies: tuple[str, ...]) -> Iterator[ProgressFn | None]:
+    """A progress callback drawing one line per policy on stderr, or None when stderr is not
+    a terminal (piped, redirected, under a test runner): then nothing is drawn."""
+    if not err.is_terminal:
+        yield None
+        return
+    from rich.live import Live
+
+    lines = {p: f"{p:<12} waiting for a CPU" for p in policies}
+    with Live(Text(""), console=err, refresh_per_second=4, transient=False) as live:
+        last = [0.0]
+
+        def show(p: Progress) -> None:
+            lines[p.policy] = progress_line(p)
+            now = time.monotonic()
+            if p.done or now - last[0] >= 0.25:
+                last[0] = now
+                live.update(Text("\n".join(lines.values())))
+
+        yield show
+        live.update(Text("\n".join(lines.values())))
+
+
+def _check_report_deps() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError(REPORT_NEEDS) from None
 
 
 @app.command()
@@ -18,8 +77,9 @@ def simulate(
     trace: Annotated[str, Opt("--trace", help="'philly' (shipped) or a CSV file.")] = "philly",
     fmt: Annotated[str | None, Opt("--format", help="philly or csv (default: by header).")
                    ] = None,
-    cluster: Annotated[str, Opt("--cluster", help="Cluster YAML (nodes, classes, teams).")
-                       ] = "examples/clusters/seed-160.yaml",
+    cluster: Annotated[str, Opt("--cluster", help="A shipped cluster by name (seed-160, "
+                                                  "small-mig) or a cluster YAML file.")
+                       ] = "seed-160",
     policy: Annotated[str, Opt("--policy", help="spillway, slurm-like, fcfs; several "
                                                 "comma-separated run side by side.")
                       ] = "spillway",
@@ -53,7 +113,10 @@ def simulate(
                      policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
                      start=start, end=end, busiest_days=busiest_days, load_scale=load_scale,
                      target_load=target_load, seed=seed, check=check)
-    results = run(req)
+    if report is not None:
+        _check_report_deps()  # before minutes of simulation, not after
+    with _progress(req.policies) as show:
+        results = run(req, progress=show)
     if json_out is not None:
         write_json(results, json_out)
     if report is not None:

@@ -89,9 +89,36 @@ def _whole(node: Node) -> int:
     return sum(1 for g in node.gpus if g.mig_profile is None and not g.mig_enabled)
 
 
-def load_cluster(path: str | Path) -> Cluster:
-    """Read a cluster file (see the module docstring). Raises ConfigError."""
+SHIPPED_DIR = Path(__file__).resolve().parent / "data" / "clusters"
+DEFAULT_CLUSTER = "seed-160"
+
+
+def shipped_clusters() -> list[str]:
+    """The names of the cluster files shipped in the package (``examples/clusters`` too)."""
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
+
+
+def resolve_cluster(path: str | Path) -> Path:
+    """The file ``path`` names: an existing file as it is; else a shipped cluster, named
+    bare (``seed-160``) or by its path in a checkout (``examples/clusters/seed-160.yaml``), so
+    both work from any directory; else ``path`` itself (reading it then says what is wrong)."""
     p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    stem = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    bare = str(path) in (stem, p.name)
+    if (bare or p.parent.as_posix().endswith("examples/clusters")) and stem in shipped_clusters():
+        return SHIPPED_DIR / f"{stem}.yaml"
+    return p
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster file (see the module docstring), or a shipped one by name (see
+    :func:`resolve_cluster`). Raises ConfigError."""
+    p = resolve_cluster(path)
+    if not p.exists():
+        raise ConfigError(f"cannot read cluster file {p}: no such file (shipped clusters, "
+                          f"usable by name: {', '.join(shipped_clusters())})")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as e:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +42,25 @@ from policies.registry import PolicySet
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
 _LEASE = 1e15
+PROGRESS_EVERY_S = 0.25  # at most this often, a progress callback is told how far the run is
+_CHECK_EVERY = 64  # instants between two looks at the wall clock
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: what a progress callback receives (it changes nothing in the run)."""
+
+    policy: str
+    arrived: int  # jobs submitted so far
+    total: int  # jobs the run will submit (the feasible ones)
+    sim_s: float  # simulated seconds since the trace's start
+    span_s: float  # the trace's last submit time (seconds since its start)
+    wall_s: float
+    origin: float = 0.0  # epoch seconds of sim_s == 0
+    done: bool = False
+
+
+ProgressFn = Callable[[Progress], None]
 
 
 @dataclass
@@ -58,8 +78,11 @@ class _Run:
 class Simulation:
     def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
                  *, config: Config | None = None, stop_delay_s: float = 30.0,
-                 check_invariants: bool = True) -> None:
+                 check_invariants: bool = True, progress: ProgressFn | None = None,
+                 progress_every_s: float = PROGRESS_EVERY_S) -> None:
         self.cluster, self.trace = cluster, trace
+        self.progress, self.progress_every_s = progress, progress_every_s
+        self.arrived = 0
         self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
         base = config or Config()
         own: dict[str, Any] = {k: float(v) for k, v in cluster.settings.items()
@@ -131,8 +154,21 @@ class Simulation:
         t0 = time.perf_counter()
         self._load()
         events = self._events
+        tell = self.progress
+        total = len(self.trace_jobs)
+        span = self.trace.jobs[-1].submit_s if self.trace.jobs else 0.0
+        told, ticks = t0, 0
         while events:
             now = events[0][0]
+            if tell is not None:
+                ticks += 1
+                if ticks >= _CHECK_EVERY:
+                    ticks = 0
+                    wall_now = time.perf_counter()
+                    if wall_now - told >= self.progress_every_s:
+                        told = wall_now
+                        tell(Progress(self.policy.name, self.arrived, total, now, span,
+                                      wall_now - t0, self.trace.origin))
             arrivals: list[str] = []
             woken = False
             while events and events[0][0] == now:
@@ -156,6 +192,10 @@ class Simulation:
             # preempt, and run a cycle anyway)
             self._cycle(now, woken or (self.relief and bool(arrivals) and not self._holder))
         wall = time.perf_counter() - t0
+        if tell is not None:
+            last = self.samples[-1].t if self.samples else 0.0
+            tell(Progress(self.policy.name, self.arrived, total, last, span, wall,
+                          self.trace.origin, done=True))
         from broker.sim.metrics import compute_metrics
 
         result = SimResult(self.policy.name, self.cluster.capacity_gpus,
@@ -171,6 +211,7 @@ class Simulation:
     def _arrive(self, job_ids: list[str], now: float) -> None:
         specs = [self._spec(self.trace_jobs[i]) for i in job_ids]
         self.store.submit_many(specs, now, job_ids)
+        self.arrived += len(job_ids)
         self.queued_jobs += len(job_ids)
         self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
         self.preemptors += sum(1 for i in job_ids if self._can_preempt(self.trace_jobs[i]))

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import queue
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
 from broker.model import parse_time
-from broker.sim.cluster import Cluster, load_cluster
-from broker.sim.engine import Simulation
+from broker.sim.cluster import DEFAULT_CLUSTER, Cluster, load_cluster
+from broker.sim.engine import Progress, ProgressFn, Simulation
 from broker.sim.trace import busiest_window, load_trace, offered_load_gpus, scale_for
 from broker.sim.types import SimResult, Trace
 from policies.registry import BUNDLES, bundle
@@ -24,7 +26,7 @@ from policies.registry import BUNDLES, bundle
 class SimRequest:
     trace: str = "philly"
     fmt: str | None = None
-    cluster: str = "examples/clusters/seed-160.yaml"
+    cluster: str = DEFAULT_CLUSTER  # a shipped cluster's name, or a YAML file
     policies: tuple[str, ...] = ("spillway",)
     start: str | None = None  # ISO 8601 or epoch seconds
     end: str | None = None
@@ -60,6 +62,9 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
     start, end = _time(req.start, "--from"), _time(req.end, "--to")
     meta: dict[str, Any] = {}
     if req.busiest_days is not None:
+        if not (req.busiest_days > 0 and math.isfinite(req.busiest_days)):
+            raise ConfigError(f"--busiest-days {req.busiest_days:g}: must be a number of days "
+                              "> 0 (2 = the busiest two days of the trace)")
         if start is not None or end is not None:
             raise ConfigError("--busiest-days picks the window itself: drop --from/--to")
         whole = load_trace(req.trace, start=None, end=None, **kw)
@@ -83,30 +88,64 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
     return cluster, trace, meta
 
 
-def _run(req: SimRequest, policy: str,
-         prepared: tuple[Cluster, Trace, dict[str, Any]]) -> SimResult:
+def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str, Any]],
+         progress: ProgressFn | None = None) -> SimResult:
     cluster, trace, meta = prepared
     result = Simulation(cluster, trace, bundle(policy, cluster.policies),
-                        check_invariants=req.check).run()
-    result.meta = {**result.meta, **meta}
+                        check_invariants=req.check, progress=progress).run()
+    result.meta = {**result.meta, **meta, "trace_origin": trace.origin}
     result.metrics["meta"] = result.meta
     return result
 
 
+_PROGRESS_QUEUE: Any = None  # in a worker process: where its runs report their progress
+
+
+def _init_worker(progress_queue: Any) -> None:
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = progress_queue
+
+
 def _one(args: tuple[SimRequest, str]) -> SimResult:
     req, policy = args
-    return _run(req, policy, prepare(req))  # in a worker process: load its own copy
+    q = _PROGRESS_QUEUE
+    # in a worker process: load its own copy
+    return _run(req, policy, prepare(req), None if q is None else q.put)
 
 
-def simulate(req: SimRequest, workers: int | None = None) -> list[SimResult]:
-    """Run every policy of the request (in parallel processes when there are several)."""
+def simulate(req: SimRequest, workers: int | None = None,
+             progress: ProgressFn | None = None) -> list[SimResult]:
+    """Run every policy of the request (in parallel processes when there are several).
+    ``progress``, if given, is called in this process a few times a second per run."""
     prepared = prepare(req)  # fails fast, in this process, on bad input
     jobs = [(req, p) for p in req.policies]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1 or len(jobs) == 1:
-        return [_run(req, p, prepared) for p in req.policies]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_one, jobs))
+        return [_run(req, p, prepared, progress) for p in req.policies]
+    ctx = multiprocessing.get_context()
+    reports: Any = ctx.Queue() if progress is not None else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(reports,)) as pool:
+        futures = [pool.submit(_one, job) for job in jobs]
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.1 if progress else None,
+                              return_when=FIRST_COMPLETED)
+            _drain(reports, progress)
+        results = [f.result() for f in futures]
+    _drain(reports, progress)
+    return results
+
+
+def _drain(reports: Any, progress: ProgressFn | None) -> None:
+    if reports is None or progress is None:
+        return
+    while True:
+        try:
+            item: Progress = reports.get_nowait()
+        except queue.Empty:
+            return
+        progress(item)
 
 
 def write_json(results: Sequence[SimResult], path: str | Path) -> None:
