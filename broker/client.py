@@ -165,6 +165,21 @@ def parse_states(state: StateFilter) -> set[JobState] | None:
     return out or None
 
 
+def _in_submit_dir(spec: JobSpec) -> JobSpec:
+    """The spec with its workdir made absolute against the directory it is submitted from, as
+    Slurm does: no workdir is the submit directory itself. (The agent runs the job there where
+    that directory exists on its node, and in a directory of the job's own otherwise.)"""
+    workdir = spec.workdir
+    if workdir and (os.path.isabs(workdir) or workdir.startswith("~")):
+        return spec
+    try:
+        here = os.getcwd()
+    except OSError:  # the submit directory was removed: the agent picks one
+        return spec
+    return spec.model_copy(update={"workdir": os.path.normpath(os.path.join(here, workdir or ""))
+                                   if workdir else here})
+
+
 class Client:
     """A connection to one Spillway cluster (its Redis)."""
 
@@ -219,6 +234,10 @@ class Client:
     # -- jobs ------------------------------------------------------------------------------------
 
     def _spec(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> JobSpec:
+        return _in_submit_dir(self._parsed(spec, fields))
+
+    def _parsed(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]
+                ) -> JobSpec:
         if isinstance(spec, JobSpec) and not fields:
             return spec.checked(self.config)
         if isinstance(spec, JobSpec):

@@ -214,7 +214,7 @@ class Agent:
             reports: list[tuple[str, int, JobEvent, float]] = []
             ended: list[tuple[RunningPart, int]] = []
             for p in parts:
-                reports.append((p.job_id, p.attempt, Started(p.rank, p.pid), now))
+                reports.append((p.job_id, p.attempt, Started(p.rank, p.pid, p.note), now))
                 if p.settled and p.exit_code is not None:  # (nothing to store or release)
                     ended.append((p, len(reports)))
                     reports.append((p.job_id, p.attempt,

@@ -131,15 +131,36 @@ class StartError(Exception):
     """A job part cannot be started here (its workdir or command is missing)."""
 
 
+def job_cwd(job: Job, node_id: str, work_dir: str) -> tuple[str, str]:
+    """The part's working directory, and a note for the job's log and history when it is not
+    the job's workdir. The workdir (by default the directory the job was submitted from) where
+    it exists on this node; otherwise, as Slurm does, somewhere else: a directory of the job's
+    own, ``<work_dir>/jobs/<job>``, kept across its attempts, so that no two jobs share their
+    relative outputs. StartError if that cannot be made."""
+    spec = job.spec
+    if spec.workdir:
+        cwd = os.path.expanduser(spec.workdir)
+        if os.path.isdir(cwd):
+            return cwd, ""
+    own = os.path.join(work_dir, "jobs", job.id)
+    try:
+        os.makedirs(own, exist_ok=True)
+    except OSError as e:
+        raise StartError(f"cannot create the job's directory {own!r}: {e.strerror}") from None
+    if not spec.workdir:  # (a record written by a client before workdirs were recorded)
+        return own, ""
+    return own, f"workdir {spec.workdir} does not exist on node {node_id}; running in {own} instead"
+
+
 def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
-               base_env: Mapping[str, str], work_dir: str) -> tuple[list[str], str, dict[str, str]]:
-    """The argv, working directory and environment of one job part; StartError if it cannot
-    start. The environment is the agent's, then the job's own, then Spillway's variables, so
+               base_env: Mapping[str, str], work_dir: str
+               ) -> tuple[list[str], str, dict[str, str], str]:
+    """The argv, working directory and environment of one job part, and a note when the
+    directory is not the job's workdir (:func:`job_cwd`); StartError if it cannot start. The
+    environment is the agent's, then the job's own, then Spillway's variables, so
     ``CUDA_VISIBLE_DEVICES`` is always exactly the part's devices."""
     spec = job.spec
-    cwd = os.path.expanduser(spec.workdir) if spec.workdir else work_dir
-    if not os.path.isdir(cwd):
-        raise StartError(f"workdir {cwd!r} does not exist on node {node_id}")
+    cwd, note = job_cwd(job, node_id, work_dir)
     env = {**base_env, **spec.env}
     argv = list(spec.argv)
     if not _found(argv[0], env.get("PATH", os.defpath)) and not (
@@ -166,7 +187,7 @@ def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
         env["SPILLWAY_RESUME"] = "1"
     else:
         env.pop("SPILLWAY_RESUME", None)
-    return argv, cwd, env
+    return argv, cwd, env, note
 
 
 def exit_code(returncode: int) -> int:

@@ -81,6 +81,7 @@ class RunningPart:
     # set by the owner when it reported the end itself, with the start (its on_exit skips it)
     end_reported: bool = False
     output: bool = False  # the part wrote a line (set before exit_code)
+    note: str = ""  # why it runs elsewhere than its workdir (in its log, and its start report)
     # supervisor-thread state
     _proc: subprocess.Popen[bytes] | None = None
     _pidfd: int = -1
@@ -245,8 +246,11 @@ class Supervisor:
     def _prepare(self, job: Job, part: RunningPart, node_id: str) -> _Launch:
         if self._closing:
             raise StartError("the agent is shutting down")
-        argv, cwd, env = job_launch(job, part.rank, part.gpu_ids, node_id, self._base_env,
-                                    self.work_dir)
+        argv, cwd, env, part.note = job_launch(job, part.rank, part.gpu_ids, node_id,
+                                               self._base_env, self.work_dir)
+        if part.note and self.job_uid is not None:  # the job's own directory: its user's
+            with contextlib.suppress(OSError):
+                os.chown(cwd, self.job_uid, -1)
         env["SPILLWAY_AGENT"] = self._agent  # tells a leftover from a live agent's job
         if self.isolation is not None:
             try:
@@ -359,6 +363,8 @@ class Supervisor:
             self._timer(time.monotonic() + launch.time_limit, "limit", part)
         with self._lock:
             self._parts[part.key] = part
+        if part.note:  # first in its log
+            self._add_lines(part, "err", ["spillway: " + part.note])
         return part
 
     def _timer(self, when: float, kind: str, part: RunningPart) -> None:

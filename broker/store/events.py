@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class Started:
     rank: int = 0
     pid: int | None = None
+    note: str = ""  # why it runs elsewhere than its workdir; in the job's history
 
 
 STOPPED = "Stopped"

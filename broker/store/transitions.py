@@ -84,8 +84,8 @@ def report(job: Job, attempt: int, event: JobEvent, now: float,
     if isinstance(event, Started):
         if job.state is not S.STARTING:
             return None  # already RUNNING or STOPPING: repeated or late report
-        return Change(_bump(job.with_state(S.RUNNING, now, "Started", started_at=now)),
-                      job.version)
+        why = f"Started; {event.note}" if event.note else "Started"
+        return Change(_bump(job.with_state(S.RUNNING, now, why, started_at=now)), job.version)
     rank = event.rank
     if any(r == rank for r, _ in job.parts_exited):
         return None  # this part's exit was already recorded

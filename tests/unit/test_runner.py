@@ -217,14 +217,16 @@ def test_time_limit_terminates_with_a_nonzero_code(tmp_path: Path) -> None:
         h.sup.close()
 
 
-def test_bad_workdir_is_reported_start_failed(h: Harness, tmp_path: Path) -> None:
+def test_no_directory_to_run_in_is_reported_start_failed(h: Harness, tmp_path: Path) -> None:
+    # a missing workdir runs in the job's own directory (test_workdir.py); none can be made here
+    (h.work_dir / "jobs").write_text("not a directory")
     job = h.place((GPUS[0],), command="true", workdir=str(tmp_path / "missing"))
     part = h.sup.spawn(job, 0, (GPUS[0],), NODE)
-    assert part.start_error is not None and "missing" in part.start_error
+    assert part.start_error is not None and "job's directory" in part.start_error
     assert part.pid is None and part.done.is_set()
     stored = h.store.get(job.id)
     assert stored.state is JobState.FAILED
-    assert "workdir" in stored.history[-1].reason
+    assert "job's directory" in stored.history[-1].reason
     assert h.store.allocations([NODE])[NODE] == {}  # its GPU is free again
     assert h.exited == []
 
