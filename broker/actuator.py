@@ -39,7 +39,7 @@ class NoProvisioner(ConfigError):
 
 def provisioning_configured(config: Config) -> bool:
     """Whether the config names cloud providers (the ``providers:`` key of the file)."""
-    return bool(config.extra.get("providers"))
+    return bool(config.providers)
 
 
 def check_provisioning(plan: Plan, config: Config) -> None:

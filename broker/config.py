@@ -7,14 +7,24 @@ and then from ``SPILLWAY_*`` environment variables, which win. The vocabulary it
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
@@ -78,7 +88,9 @@ class Config:
     min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
     policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
     policies: Mapping[str, Any] = field(default_factory=dict)  # bundles built here, by name
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    providers: Mapping[str, Any] = field(default_factory=dict)  # cloud providers, by name
+    # (broker/actuator.py: none configured, a plan's cloud work is refused)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # unused: an unknown key is an error
 
     def team(self, name: str) -> Team:
         return next((t for t in self.teams if t.name == name), Team(name))
@@ -94,20 +106,116 @@ class Config:
 #: Configuration values a simulator cluster file's ``settings`` may override.
 CLUSTER_CONFIG_KEYS = ("fairshare_half_life_s", "min_runtime_s", "grace_s")
 
-_SCALARS = {f.name: f.type for f in fields(Config)
-            if f.name not in ("classes", "extra", "teams", "policy_settings", "policies")}
+#: Every scalar key: its type and range for pydantic, and what is allowed, in words.
+_RULES: dict[str, tuple[type, dict[str, Any], str]] = {
+    "redis_url": (str, {}, "a redis://, rediss:// or unix:// URL"),
+    "heartbeat_s": (float, {"gt": 0}, "seconds > 0"),
+    "lease_ttl_s": (float, {"gt": 0}, "seconds > 0"),
+    "reconcile_s": (float, {"gt": 0}, "seconds > 0"),
+    "cycle_s": (float, {"gt": 0}, "seconds > 0"),
+    "cycle_gap_s": (float, {"ge": 0}, "seconds >= 0"),
+    "leader_lease_s": (float, {"gt": 0}, "seconds > 0"),
+    "metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
+    "agent_metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
+    "grace_s": (float, {"ge": 0}, "seconds >= 0"),
+    "job_pids_max": (int, {"ge": 1}, "a whole number >= 1"),
+    "max_attempts": (int, {"ge": 1}, "a whole number >= 1"),
+    "retain_finished_s": (float, {"ge": 0}, "seconds >= 0 (0: keep every job hot)"),
+    "job_user": (str, {}, "a user name (empty: the agent's own user)"),
+    "max_preemptions": (int, {"ge": 1}, "a whole number >= 1"),
+    "default_class": (str, {"min_length": 1}, "a class name"),
+    "default_team": (str, {"pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
+                     "1-64 letters, digits, '.', '_' or '-'"),
+    "state_dir": (str, {"min_length": 1}, "a directory"),
+    "policy": (str, {"min_length": 1}, "a policy name"),
+    "fairshare_half_life_s": (float, {"gt": 0}, "seconds > 0"),
+    "min_runtime_s": (float, {"ge": 0}, "seconds >= 0"),
+}
+_SCALARS = tuple(_RULES)
+#: Every key a configuration file may have, in the order they are listed.
+CONFIG_KEYS = tuple(f.name for f in fields(Config) if f.name != "extra")
+#: ``SPILLWAY_*`` variables that are not configuration keys (set for jobs, or read elsewhere).
+_OTHER_VARS = frozenset({"SPILLWAY_CONFIG", "SPILLWAY_DEFAULTS", "SPILLWAY_AGENT",
+                         "SPILLWAY_JOB_ID", "SPILLWAY_NODE_ID", "SPILLWAY_NODE_RANK",
+                         "SPILLWAY_NUM_NODES", "SPILLWAY_ATTEMPT", "SPILLWAY_RESUME",
+                         "SPILLWAY_CHECKPOINT_DIR", "SPILLWAY_SCRATCH_DIR"})
 
 
-def _coerce(name: str, value: Any) -> Any:
-    kind = _SCALARS[name]
+def _misspelt(var: str) -> bool:
+    """Whether a ``SPILLWAY_*`` variable that is no setting looks like one misspelt (other
+    ``SPILLWAY_*`` variables, such as those set for jobs, are left alone)."""
+    return (var.startswith("SPILLWAY_") and var not in _OTHER_VARS
+            and bool(difflib.get_close_matches(var.removeprefix("SPILLWAY_").lower(),
+                                               _SCALARS, n=1, cutoff=0.8)))
+
+
+class _Checked(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and _RULES.get(info.field_name or "", (None,))[0] is not bool:
+            # pydantic's lax mode reads true as 1
+            raise ValueError("is a boolean")
+        return value
+
+    @field_validator("redis_url", check_fields=False)
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("not a Redis URL")
+        return value
+
+
+def _definitions() -> dict[str, Any]:
+    defaults = {f.name: f.default for f in fields(Config) if f.default is not MISSING}
+    out: dict[str, Any] = {
+        name: (kind | None if name == "redis_url" else kind, Field(defaults[name], **limits))
+        for name, (kind, limits, _) in _RULES.items()}
+    out["providers"] = (dict[str, Any], Field(default_factory=dict))
+    for name in ("classes", "teams", "policies", "policy_settings"):
+        out[name] = (Any, None)  # checked by parse_classes, parse_teams and check_config
+    return out
+
+
+_Model = create_model("ConfigFile", __base__=_Checked, **_definitions())
+
+_TYPE_WORDS = {float: "a number", int: "a whole number", str: "a string",
+               bool: "true or false"}
+
+
+def _problem(err: Mapping[str, Any], key: str, name: str, known: tuple[str, ...]) -> str:
+    """One line for one pydantic error: the key as the user wrote it (``name``) and what is
+    allowed; an unknown key names the closest known one."""
+    if err["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(known)}"
+        return f"{name}: not a setting; {hint}"
+    value = err.get("input")
+    if key == "providers":
+        return f"{name}: {value!r} is not a mapping; use {{provider name: its settings}}"
+    kind, _, allowed = _RULES[key]
+    kind_error = err["type"].endswith(("_type", "_parsing", "_from_float")) or \
+        "boolean" in err.get("msg", "")
+    if kind_error:
+        return f"{name}: {value!r} is not {_TYPE_WORDS[kind]}; use {allowed}"
+    return f"{name}: {value!r} is not allowed; use {allowed}"
+
+
+def _check(data: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """The keys of ``data`` checked and converted; ConfigError with one line per problem.
+    ``names`` says what to call each key in a message (``config grace_s``, ``SPILLWAY_...``)."""
     try:
-        if "float" in str(kind):
-            return float(value)
-        if "int" in str(kind):
-            return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"config {name}: {value!r} is not a number") from None
-    return None if value in ("", None) else str(value)
+        model = _Model.model_validate(dict(data))
+    except ValidationError as e:
+        known = tuple(names.get(k, k) for k in CONFIG_KEYS)
+        lines = []
+        for err in e.errors():
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            lines.append(_problem(err, key, names.get(key, key), known))
+        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+    return {k: getattr(model, k) for k in data}
 
 
 CLASS_KEYS = tuple(f.name for f in fields(PriorityClass))
@@ -190,6 +298,13 @@ def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
     return tuple(out)
 
 
+def _blank(key: str, value: Any) -> Any:
+    """An empty redis_url is none (the embedded server); an empty providers: none."""
+    if key == "redis_url" and value == "":
+        return None
+    return {} if key == "providers" and value is None else value
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -212,28 +327,24 @@ def load_config(
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping")
-        changes: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "classes":
-                changes["classes"] = parse_classes(value)
-            elif key == "teams":
-                changes["teams"] = parse_teams(value)
-            elif key == "policies":
-                changes["policies"] = value  # built by policies.settings.check_config
-            elif key == "policy_settings":
-                changes["policy_settings"] = value  # its keys: policies.settings.check_config
-            elif key in _SCALARS:
-                changes[key] = _coerce(key, value)
-            else:
-                changes.setdefault("extra", dict(cfg.extra))[key] = value
+        data = {str(k): _blank(str(k), v) for k, v in data.items()}
+        names = {k: f"config {k}" for k in data}
+        changes = _check(data, names)
+        if "classes" in changes:
+            changes["classes"] = parse_classes(changes["classes"])
+        if "teams" in changes:
+            changes["teams"] = parse_teams(changes["teams"])
         cfg = replace(cfg, **changes)
         if "policy_settings" in changes and not isinstance(cfg.policy_settings, Mapping):
             raise ConfigError("config policy_settings: must be a mapping of policy name to its "
                               "settings, e.g. {spillway: {fairshare_tier: 0.9}}")
-    for key in _SCALARS:
-        var = f"SPILLWAY_{key.upper()}"
-        if var in env:
-            cfg = replace(cfg, **{key: _coerce(key, env[var])})
+    variables = {f"SPILLWAY_{key.upper()}": key for key in _SCALARS}
+    given = {variables[var]: _blank(variables[var], value)
+             for var, value in env.items() if var in variables}
+    unknown = [var for var in env if var not in variables and _misspelt(var)]
+    if given or unknown:
+        names = {key: var for var, key in variables.items()} | {v: v for v in unknown}
+        cfg = replace(cfg, **_check(given | {v: env[v] for v in unknown}, names))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if clean:
         cfg = replace(cfg, **clean)

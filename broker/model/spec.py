@@ -6,6 +6,7 @@ only what :class:`SpecDefaults` names, so this module never imports the configur
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from collections.abc import Mapping
@@ -345,7 +346,8 @@ def _field_error(err: Mapping[str, Any]) -> FieldError:
                  loc) or "spec"
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
-        msg = "is not a JobSpec field"
+        close = difflib.get_close_matches(loc, list(JobSpec.model_fields), n=1)
+        msg = "is not a JobSpec field" + (f"; did you mean {close[0]}?" if close else "")
         allowed = ", ".join(JobSpec.model_fields)
     elif err.get("type") == "missing":
         msg = "is required"

@@ -139,7 +139,7 @@ def test_a_plan_with_cloud_work_is_refused_whole_without_providers(
 
 
 def test_with_providers_configured_cloud_work_is_sent_after_the_store_write() -> None:
-    rt, fake = runtime(Config(extra={"providers": {"aws": {"regions": ["us-east-1"]}}}))
+    rt, fake = runtime(Config(providers={"aws": {"regions": ["us-east-1"]}}))
     start = a_start(fake)
     plan = Plan(starts=(start,), launches=(Launch("aws:p4d", 1, "req-1", ()),),
                 terminations=(Terminate(("i-9",), "idle"),))
