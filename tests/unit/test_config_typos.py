@@ -140,3 +140,14 @@ def test_a_jobspec_typo_names_the_closest_field(tmp_path: Path) -> None:
     job.write_text("command: 'true'\ngpu: 2\n")
     code, out, err = cli("submit", "-f", str(job))
     assert code == 2 and "gpu: is not a JobSpec field; did you mean gpus?" in err, out + err
+
+
+def test_the_clients_spec_error_names_the_closest_field() -> None:
+    from broker.client import Client
+
+    client = Client(NOWHERE, Config())  # the spec is refused before Redis is asked anything
+    with pytest.raises(SpecError, match=r"gpu: is not a JobSpec field; did you mean gpus\?"):
+        client.submit(command="true", gpu=2)
+    with pytest.raises(SpecError, match=r"priorty: is not a JobSpec field; did you mean "
+                                        r"priority\?"):
+        client.submit({"command": "true", "priorty": "high"})
