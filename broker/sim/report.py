@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
@@ -105,6 +106,21 @@ def _time_unit(results: Sequence[SimResult]) -> tuple[float, str]:
     return (86400.0, "days") if horizon > 3 * 86400 else (3600.0, "hours")
 
 
+def _origin(results: Sequence[SimResult]) -> float | None:
+    """Epoch seconds of the trace's start (``meta["trace_origin"]``), if the runs know it."""
+    origins = {r.meta.get("trace_origin") for r in results}
+    value: Any = origins.pop() if len(origins) == 1 else None
+    return float(value) if _is_num(value) else None
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _date(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 # ------------------------------------------------------------------------------------ charts
 
 
@@ -121,24 +137,69 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(str(path), format="png")
 
 
+def _time_axis(ax: Axes, results: Sequence[SimResult]) -> Callable[[float], Any]:
+    """Label ``ax``'s x axis and return how to place a sample's ``t`` on it: the trace's own
+    dates when the runs know its start, else the time since it in hours or days."""
+    origin = _origin(results)
+    if origin is None:
+        scale, unit = _time_unit(results)
+        ax.set_xlabel(f"time since trace start ({unit})")
+        return lambda t: t / scale
+    import matplotlib.dates as mdates
+
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d\n%Y" if _spans_years(results)
+                                                      else "%b %d"))
+    scales = {r.meta.get("load_scale") for r in results}
+    load_scale: Any = scales.pop() if len(scales) == 1 else None
+    spread = (f"; arrival gaps divided by the load scale {load_scale:g}"
+              if _is_num(load_scale) and load_scale != 1 else "")
+    ax.set_xlabel(f"trace date (UTC{spread})")
+    last = max((r.meta.get("last_submit_s", 0.0) for r in results), default=0.0)
+    if _is_num(last) and last > 0:
+        ax.axvline(_as_date(origin + float(last)), color="0.5", linestyle=":", linewidth=1.0,
+                   label="last arrival")
+    return lambda t: _as_date(origin + t)
+
+
+def _spans_years(results: Sequence[SimResult]) -> bool:
+    origin = _origin(results) or 0.0
+    end = max((r.samples[-1].t for r in results if r.samples), default=0.0)
+    years = {datetime.fromtimestamp(origin + t, tz=timezone.utc).year for t in (0.0, end)}
+    return len(years) > 1
+
+
+def _as_date(epoch: float) -> float:
+    """Epoch seconds as matplotlib's date number (UTC)."""
+    import matplotlib.dates as mdates
+
+    return float(mdates.date2num(datetime.fromtimestamp(epoch, tz=timezone.utc)))
+
+
 def _series_chart(
     results: Sequence[SimResult],
     path: Path,
     value: Callable[[SimResult, Sample], float],
     title: str,
     ylabel: str,
+    log: bool = False,
 ) -> None:
-    scale, unit = _time_unit(results)
     fig = _new_figure()
     ax = fig.add_subplot()
+    place = _time_axis(ax, results)
     for res in results:
         xs, ys = bucket_series(res.samples, partial(value, res))
-        ax.plot([x / scale for x in xs], ys, label=res.policy, linewidth=1.0,
+        ax.plot([place(x) for x in xs], ys, label=res.policy, linewidth=1.0,
                 drawstyle="steps-post")
+    if log:
+        # 0 stays drawable: linear below 1, logarithmic above
+        ax.set_yscale("symlog", linthresh=1.0, linscale=0.5)
+        ax.set_ylim(bottom=0)
+        ylabel += " (log scale above 1)"
     ax.set_title(title)
-    ax.set_xlabel(f"time since trace start ({unit})")
     ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, which="both" if log else "major", alpha=0.3)
     if results:
         ax.legend(loc="best", fontsize="small")
     _save(fig, path)
@@ -153,7 +214,7 @@ def _utilization_chart(results: Sequence[SimResult], path: Path) -> None:
 
 def _queue_chart(results: Sequence[SimResult], path: Path) -> None:
     _series_chart(results, path, lambda _res, s: float(s.queued_jobs),
-                  "Queue length (feasible jobs waiting)", "queued jobs")
+                  "Queue length (feasible jobs waiting)", "queued jobs", log=True)
 
 
 def _wait_cdf_chart(results: Sequence[SimResult], path: Path) -> None:
@@ -167,15 +228,20 @@ def _wait_cdf_chart(results: Sequence[SimResult], path: Path) -> None:
             drawn = True
     if drawn:
         ax.set_xscale("log")
+        lo, hi = ax.get_xlim()
+        ticks = [(h, label) for h, label in _WAIT_TICKS if lo <= h <= hi]
+        ax.set_xticks([h for h, _ in ticks], [label for _, label in ticks])
         ax.legend(loc="lower right", fontsize="small")
     ax.set_ylim(0.0, 1.02)
     ax.set_title("Wait-time CDF (feasible jobs that started)")
-    ax.set_xlabel(
-        f"wait (hours, log scale; waits under {MIN_WAIT_S:g} s drawn at {MIN_WAIT_S:g} s)"
-    )
+    ax.set_xlabel(f"wait (log scale; waits under {MIN_WAIT_S:g} s drawn at {MIN_WAIT_S:g} s)")
     ax.set_ylabel("share of jobs")
     ax.grid(True, which="both", alpha=0.3)
     _save(fig, path)
+
+
+_WAIT_TICKS = ((1 / 3600, "1 s"), (10 / 3600, "10 s"), (1 / 60, "1 min"), (10 / 60, "10 min"),
+               (1.0, "1 h"), (10.0, "10 h"), (100.0, "100 h"), (1000.0, "1000 h"))
 
 
 def _top_teams(results: Sequence[SimResult]) -> list[str]:
@@ -206,8 +272,13 @@ def _per_team_chart(results: Sequence[SimResult], path: Path) -> None:
 
 def _label_team_axes(ax_wait: Axes, ax_bsld: Axes, teams: list[str], legend: bool) -> None:
     ax_wait.set_title(f"Per-team service (top {len(teams)} teams by job count)")
-    ax_wait.set_ylabel("mean wait (hours)")
-    ax_bsld.set_ylabel("mean bounded slowdown")
+    # both span orders of magnitude between policies: log scales (0 stays drawable)
+    ax_wait.set_yscale("symlog", linthresh=0.1, linscale=0.5)
+    ax_wait.set_ylim(bottom=0)
+    ax_wait.set_ylabel("mean wait (hours, log above 0.1)")
+    ax_bsld.set_yscale("log")
+    ax_bsld.set_ylim(bottom=1)  # a bounded slowdown is at least 1
+    ax_bsld.set_ylabel("mean bounded slowdown (log)")
     ax_bsld.set_xticks(list(range(len(teams))))
     ax_bsld.set_xticklabels(teams, rotation=45, ha="right", fontsize="small")
     for ax in (ax_wait, ax_bsld):
@@ -250,16 +321,62 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+_DATE_KEYS = {"window_start", "window_end", "trace_origin"}
+_PCT_KEYS = {"utilization", "busy_utilization", "sla_attainment"}
+_META_SKIP = {"notes"}  # shown as a list under the table
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12.3 min``, ``17.87 h`` or ``1019.4 h (42.5 days)``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 1 or seconds == 0 else f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    hours = f"{seconds / 3600:.2f} h"
+    return f"{hours} ({seconds / 86400:.1f} days)" if seconds >= 2 * 86400 else hours
+
+
+def _label(key: str) -> str:
+    """``wait_mean_s`` -> ``wait mean``: the unit goes with the value."""
+    return (key[:-2] if key.endswith("_s") else key).replace("_", " ")
+
+
+def _show(key: str, value: Any, origin: float | None = None) -> Any:
+    """A metric or meta value as a reader wants it: dates, durations, percentages."""
+    if isinstance(value, (list, tuple)):
+        return "; ".join(str(v) for v in value)
+    if not _is_num(value):
+        return value
+    if key in _DATE_KEYS:
+        return _date(float(value))
+    if key == "last_submit_s" and origin is not None:
+        return _date(origin + float(value))
+    if key.endswith("_s"):
+        return _duration(float(value))
+    if key in _PCT_KEYS or key.startswith("sla_attainment"):
+        return f"{100 * float(value):.1f}%"
+    return value
+
+
 def _meta_rows(results: Sequence[SimResult]) -> list[list[Any]]:
+    origin = _origin(results)
     keys: list[str] = []
     for res in results:
-        keys.extend(k for k in res.meta if k not in keys)
+        keys.extend(k for k in res.meta if k not in keys and k not in _META_SKIP)
     rows: list[list[Any]] = []
     for key in keys:
-        values = [res.meta.get(key) for res in results]
-        shown = [str(v) for v in values]
-        rows.append([key, shown[0] if len(set(shown)) == 1 else " | ".join(shown)])
+        shown = [str(_show(key, res.meta.get(key), origin)) for res in results]
+        label = "last arrival" if key == "last_submit_s" else _label(key)
+        rows.append([label, shown[0] if len(set(shown)) == 1 else " | ".join(shown)])
     return rows
+
+
+def _notes(results: Sequence[SimResult]) -> list[str]:
+    notes: list[str] = []
+    for res in results:
+        raw = res.meta.get("notes") or ()
+        notes.extend(str(n) for n in raw if str(n) not in notes)
+    return notes
 
 
 def _metric_rows(metrics: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
@@ -267,12 +384,14 @@ def _metric_rows(metrics: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     for m in metrics:
         keys.extend(k for k, v in m.items()
                     if k not in _SCALAR_SKIP and not isinstance(v, (dict, list)) and k not in keys)
-    rows = [[k, *(m.get(k) for m in metrics)] for k in keys]
+    rows = [[_label(k), *(_show(k, m.get(k)) for m in metrics)] for k in keys]
     classes: list[str] = []
     for m in metrics:
         classes.extend(c for c in m.get("sla_attainment_by_class", {}) if c not in classes)
     rows.extend(
-        [f"sla_attainment[{c}]", *(m.get("sla_attainment_by_class", {}).get(c) for m in metrics)]
+        [f"SLA attainment, {c}", *(_show("sla_attainment",
+                                         m.get("sla_attainment_by_class", {}).get(c))
+                                   for m in metrics)]
         for c in classes
     )
     return rows
@@ -286,8 +405,9 @@ def _class_rows(metrics: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     for c in classes:
         for m in metrics:
             s = m.get("per_class", {}).get(c, {})
-            rows.append([c, m.get("policy"), s.get("jobs"), s.get("wait_mean_s"),
-                         s.get("wait_p95_s"), s.get("sla_attainment")])
+            rows.append([c, m.get("policy"), s.get("jobs"),
+                         *(_show(k, s.get(k)) for k in ("wait_mean_s", "wait_p95_s",
+                                                        "sla_attainment"))])
     return rows
 
 
@@ -300,9 +420,8 @@ def _html(results: Sequence[SimResult], metrics: Sequence[Mapping[str, Any]]) ->
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Trace</h2>",
-        _table(["", "value"], [*_meta_rows(results),
-                               ["capacity_gpus", " | ".join(
-                                   sorted({str(r.capacity_gpus) for r in results}))]]),
+        _table(["", "value"], _meta_rows(results)),
+        "".join(f"<li>{html.escape(n)}</li>" for n in _notes(results)).join(("<ul>", "</ul>")),
         "<h2>Summary</h2>",
         f"<pre>{html.escape(summary_table(metrics))}</pre>",
         "<h2>Metrics</h2>",
@@ -312,7 +431,7 @@ def _html(results: Sequence[SimResult], metrics: Sequence[Mapping[str, Any]]) ->
         parts.append(f"<h2>{html.escape(caption)}</h2>")
         parts.append(f'<img src="{html.escape(file)}" alt="{html.escape(caption)}">')
     parts.append("<h2>Per class</h2>")
-    parts.append(_table(["class", "policy", "jobs", "wait mean (s)", "wait p95 (s)", "SLA"],
+    parts.append(_table(["class", "policy", "jobs", "wait mean", "wait p95", "SLA met"],
                         _class_rows(metrics)))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

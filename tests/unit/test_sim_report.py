@@ -91,3 +91,76 @@ def test_bucket_series_time_weighted() -> None:
     xs, ys = bucket_series(many, lambda s: float(s.busy_gpus), max_points=2000)
     assert len(xs) == len(ys) == 2000
     assert sum(ys) / len(ys) == pytest.approx(4.5)
+
+
+# ------------------------------------------------------------- charts that compare, readable html
+
+ORIGIN = 1508841041.0  # 2017-10-24 10:30:41 UTC
+
+
+def dated(policy: str, wait_scale: float) -> SimResult:
+    res = synthetic(policy, wait_scale)
+    res.meta = {"trace": "philly", "trace_origin": ORIGIN, "window_start": ORIGIN,
+                "window_end": ORIGIN + 2 * 86400, "load_scale": 0.5, "last_submit_s": 1200.0,
+                "notes": ["window kept", "load scale 0.5"]}
+    res.metrics["meta"] = res.meta
+    return res
+
+
+def figures(results: list[SimResult], tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import broker.sim.report as report
+
+    saved: dict[str, Any] = {}
+    real_save = report._save
+
+    def keep(fig: Any, path: Path) -> None:
+        saved[path.name] = fig
+        real_save(fig, path)
+
+    monkeypatch.setattr(report, "_save", keep)
+    write_report(results, tmp_path)
+    return saved
+
+
+def test_time_axes_use_the_traces_dates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.dates as mdates
+
+    saved = figures([dated("fcfs", 3000.0), dated("spillway", 30.0)], tmp_path, monkeypatch)
+    for name in ("utilization.png", "queue.png"):
+        ax = saved[name].axes[0]
+        assert ax.get_xlabel().startswith("trace date (UTC")
+        assert "load scale 0.5" in ax.get_xlabel()
+        first = mdates.num2date(ax.lines[-1].get_xdata()[0])  # lines[0]: the last arrival
+        assert first.strftime("%Y-%m-%d %H:%M") == "2017-10-24 10:30"
+        saved[name].canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert any(lab.startswith("Oct") for lab in labels), labels
+
+
+def test_waits_queues_and_slowdowns_on_log_scales(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    saved = figures([dated("fcfs", 3000.0), dated("spillway", 30.0)], tmp_path, monkeypatch)
+    assert saved["queue.png"].axes[0].get_yscale() == "symlog"
+    wait_ax, bsld_ax = saved["per_team.png"].axes
+    assert wait_ax.get_yscale() == "symlog" and bsld_ax.get_yscale() == "log"
+    cdf = saved["wait_cdf.png"].axes[0]
+    assert cdf.get_xscale() == "log"
+    assert {"1 min", "1 h"} <= {t.get_text() for t in cdf.get_xticklabels()}
+
+
+def test_index_shows_hours_and_dates(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    text = write_report([dated("fcfs", 3000.0), dated("spillway", 30.0)],
+                        tmp_path).read_text(encoding="utf-8")
+    assert "2017-10-24 10:30 UTC" in text and "2017-10-26 10:30 UTC" in text
+    assert "1508841041" not in text  # no epoch seconds
+    assert "[&#x27;" not in text and "['" not in text  # no Python lists
+    assert "<li>window kept</li>" in text
+    cells = re.findall(r"<td>([^<]*)</td>", text)
+    row = cells.index("wait mean")
+    assert all(re.fullmatch(r"[\d.]+ (s|min|h)( \([\d.]+ days\))?", c)
+               for c in cells[row + 1:row + 3]), cells[row:row + 3]
+    assert "wait_mean_s" not in text and "(s)" not in text
