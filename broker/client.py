@@ -30,6 +30,7 @@ from broker.app import configure
 from broker.config import Config, load_config
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.reach import guarded
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
 from broker.store.base import BaseStore, LogLine, QueueOrder
@@ -192,12 +193,14 @@ class Client:
 
     @property
     def store(self) -> BaseStore:
-        return self._rt.store
+        """The cluster's store; an unreachable Redis raises StoreUnreachable."""
+        return guarded(self._rt.store, self.redis_url)
 
     @property
     def store_redis(self) -> redis.Redis:
-        """A plain Redis client on the cluster's database (for tools and benchmarks)."""
-        return self._rt.redis
+        """A plain Redis client on the cluster's database (for tools and benchmarks); an
+        unreachable Redis raises StoreUnreachable."""
+        return guarded(self._rt.redis, self.redis_url)
 
     @property
     def celery(self) -> Celery:
@@ -228,8 +231,8 @@ class Client:
         return self._rt
 
     def _trigger(self) -> None:
-        rt = self._point_celery()
-        commands.trigger_cycle(rt.redis)
+        self._point_celery()
+        commands.trigger_cycle(self.store_redis)
 
     # -- jobs ------------------------------------------------------------------------------------
 

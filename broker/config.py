@@ -63,6 +63,9 @@ class Config:
     # least this far apart, so each plans for more changes; a quiet queue's first is at once
     leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
     # this and a fifth of it after the leader dies (broker/leader.py)
+    redis_retry_s: float = 60.0  # `spillway scheduler` and `spillway worker` wait this long
+    # for an unreachable Redis at start-up (one line per attempt), then exit 1 (0: forever);
+    # once connected they ride out outages of any length (a worker's jobs keep running)
     metrics_port: int = 9464  # the scheduler's Prometheus /metrics port (0: none)
     agent_metrics_port: int = 9465  # each worker agent's /metrics port (0: none)
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
@@ -115,6 +118,7 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "cycle_s": (float, {"gt": 0}, "seconds > 0"),
     "cycle_gap_s": (float, {"ge": 0}, "seconds >= 0"),
     "leader_lease_s": (float, {"gt": 0}, "seconds > 0"),
+    "redis_retry_s": (float, {"ge": 0}, "seconds >= 0 (0: wait forever)"),
     "metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
     "agent_metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
     "grace_s": (float, {"ge": 0}, "seconds >= 0"),

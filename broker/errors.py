@@ -52,6 +52,18 @@ class StoreError(SpillwayError):
     """Base of store errors."""
 
 
+class StoreUnreachable(StoreError, ConnectionError):
+    """Redis did not answer. ``url`` is where it was looked for (its password hidden)."""
+
+    def __init__(self, url: str, cause: object = None) -> None:
+        self.url = url
+        why = f" ({cause})" if cause else ""
+        super().__init__(
+            f"cannot reach Redis at {url}{why}; start Redis there (or `spillway up` for a "
+            "local cluster), or point redis_url / --redis-url / SPILLWAY_REDIS_URL at a "
+            "running server")
+
+
 class JobNotFound(StoreError, KeyError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id

@@ -37,8 +37,9 @@ import redis
 
 from broker.commands import WAKE
 from broker.control import run_cycles
-from broker.errors import Fenced
+from broker.errors import Fenced, StoreUnreachable
 from broker.metrics import SchedulerMetrics, scheduler_metrics, serve
+from broker.reach import wait_for_redis
 from broker.reconciler import reconcile
 from broker.runtime import Runtime
 
@@ -167,6 +168,13 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    try:  # one line per attempt while Redis does not answer; exit 1 after redis_retry_s
+        if not wait_for_redis(rt.redis_url, config.redis_retry_s, leader.stop, "scheduler", log):
+            return 0  # stopped (SIGTERM, SIGINT) while waiting
+    except StoreUnreachable as e:
+        log.error("%s. The scheduler exits; redis_retry_s in the configuration (or "
+                  "SPILLWAY_REDIS_RETRY_S) sets how long it waits (0: forever)", e)
+        return 1
     # blpop waits at most cycle_s, so a stop is seen within that
     leader.run()
     return 0

@@ -34,8 +34,9 @@ from redis.exceptions import RedisError
 
 from broker import metrics
 from broker.config import Config
-from broker.errors import JobNotFound, StaleAttempt
+from broker.errors import JobNotFound, StaleAttempt, StoreUnreachable
 from broker.model import Allocation, Job, Node, NodeState
+from broker.reach import wait_for_redis
 from broker.state import ACTIVE, JobState
 from broker.store.base import BaseStore
 from broker.store.events import Exited, JobEvent, Started
@@ -376,6 +377,8 @@ class Agent:
     def _safe(fn: Callable[[], Any]) -> None:
         try:
             fn()
+        except RedisError as e:  # an outage: one line, no traceback
+            log.warning("agent step failed, the store is unreachable (%s); continuing", e)
         except Exception:
             log.exception("agent step failed (continuing)")
 
@@ -425,6 +428,13 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     log.info("node %s: %d GPU devices: %s", node_id, len(found),
              ", ".join(f"{g.id} ({g.mig_profile or g.model})" for g in found) or "none")
     node = make_node(node_id, found, cpus, memory_gb, labels, site)
+    try:  # one line per attempt while Redis does not answer; exit 1 after redis_retry_s
+        if not wait_for_redis(redis_url, config.redis_retry_s, stop_requested, "worker", log):
+            return 0  # stopped (SIGTERM, SIGINT) while waiting: nothing ran yet
+    except StoreUnreachable as e:
+        log.error("%s. The worker exits; redis_retry_s in the configuration (or "
+                  "SPILLWAY_REDIS_RETRY_S) sets how long it waits (0: forever)", e)
+        return 1
     celery = configure(app, redis_url, config)
     store = open_store(redis_url, config)
     control = redis.Redis.from_url(redis_url)  # the cycle trigger's keys
@@ -438,7 +448,9 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port)
     try:
         set_node_handler(agent)
-        if agent.register(give_up=stop_requested) and not stop_requested.is_set():
+        if not agent.register(give_up=stop_requested):
+            return 0  # stopped before the node was registered: nothing to drain
+        if not stop_requested.is_set():
             _run_celery_worker(celery, node_queue(node_id), node_id)
         log.info("node %s draining: %d job part(s) get %.0fs to end", node_id,
                  len(agent.sup.parts()), config.grace_s)
@@ -493,6 +505,11 @@ def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     celery_log = logging.getLogger("celery")
     if celery_log.level == logging.NOTSET:  # per-task INFO lines are noise in an agent
         celery_log.setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    # Celery's consumer logs each reconnection attempt with a traceback; the heartbeat
+    # thread already says, in one line a beat, that the store is unreachable.
+    consumer_log = logging.getLogger("celery.worker.consumer.consumer")
+    if consumer_log.level == logging.NOTSET:
+        consumer_log.setLevel(logging.CRITICAL)
     base = celery.Worker
 
     class AgentWorker(base):  # type: ignore[misc, valid-type]
