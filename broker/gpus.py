@@ -116,15 +116,18 @@ def parse_inventory(text: str) -> list[InventoryEntry]:
             )
         count, name = int(m.group(1)), m.group(2)
         model = normalise_type(name)
-        if model is None or model in GPU_FAMILIES:
-            sizes = GPU_FAMILIES.get(model or "", ())
-            if model in GPU_FAMILIES and len(sizes) == 1:
-                model = f"{model}-{sizes[0]}GB"
-            else:
-                raise ValueError(
-                    f"GPU model {name!r} is unknown or ambiguous; use one of: "
-                    + ", ".join(KNOWN_MODELS)
-                )
+        if model is None:
+            raise ValueError(f"GPU model {name!r} is unknown; use one of: "
+                             + ", ".join(KNOWN_MODELS))
+        if model in GPU_FAMILIES:
+            sizes = GPU_FAMILIES[model]
+            if len(sizes) > 1:  # a job may ask for a family; a GPU has one memory size
+                gb = " or ".join(", ".join(str(m) for m in sizes).rsplit(", ", 1))
+                ways = " or ".join(", ".join(f"{count}x{model}-{m}GB" for m in sizes
+                                             ).rsplit(", ", 1))
+                raise ValueError(f"GPU model {name!r} is ambiguous: {model}s come with {gb} "
+                                 f"GB; write {ways}")
+            model = f"{model}-{sizes[0]}GB"
         if count < 1 or count > 64:
             raise ValueError(f"GPU count {count} in {part.strip()!r} must be between 1 and 64")
         entries.append(InventoryEntry(count, model))

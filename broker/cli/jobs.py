@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +13,8 @@ import yaml
 from broker.cli.common import (
     EXIT_FAIL,
     err,
+    fail,
+    fmt_duration,
     out,
     parse_pairs,
     print_json,
@@ -21,7 +24,7 @@ from broker.cli.common import (
 from broker.cli.render import explanation_panel, job_panel, jobs_table
 from broker.cli.root import app
 from broker.errors import FieldError, JobNotFound, SpecError
-from broker.model import JobSpec
+from broker.model import Job, JobSpec
 from broker.state import ACTIVE, JobState
 
 Opt = typer.Option
@@ -139,10 +142,28 @@ def submit(
     if as_json:
         print_json(final.to_dict())
     else:
-        code = "" if final.exit_code is None else f" (exit code {final.exit_code})"
-        out.print(f"{final.id} {final.state.value}{code}")
+        out.print(ended_line(final))
     if final.state is not JobState.SUCCEEDED:
         raise typer.Exit(EXIT_FAIL)
+
+
+def ended_line(job: Job) -> str:
+    """How a job ended, in one line: its state, the cause in words, its exit code
+    (``j-... FAILED: TimeLimit, it ran past its time limit (1h00m) and was stopped (exit code
+    143)``)."""
+    code = "" if job.exit_code is None else f" (exit code {job.exit_code})"
+    why = job.history[-1].reason if job.history else ""
+    why = re.sub(r" \(exit -?\d+\)$", "", why)  # (the exit code is said once, at the end)
+    if job.state is JobState.SUCCEEDED or why.lower() in ("", "exited", job.state.value.lower()):
+        return f"{job.id} {job.state.value}{code}"
+    words = {
+        "TimeLimit": "it ran past its time limit "
+                     f"({fmt_duration(job.spec.time_limit)}) and was stopped",
+        "OutOfMemory": "it used more than its memory_gb and the kernel killed it",
+        "Signal": "a signal killed it",
+        "GangPartFailed": "another part of its gang failed",
+    }.get(why.split(" ", 1)[0].rstrip(":"))
+    return f"{job.id} {job.state.value}: {why}{', ' + words if words else ''}{code}"
 
 
 @app.command()
@@ -241,6 +262,12 @@ def logs(
     import json
 
     client = settings(ctx).client()
+    if attempt is not None:
+        had = client.get(job_id).attempt
+        if not 1 <= attempt <= had:
+            raise fail(f"job {job_id} has no attempt {attempt}; it has had {had} (--attempt "
+                       f"{'1' if had == 1 else f'1 to {had}'} or leave it out for the current "
+                       "one)")
     try:
         for line in client.logs(job_id, attempt=attempt, follow=follow):
             if as_json:

@@ -138,7 +138,8 @@ def history_table(job: Job) -> Table:
 
 
 def explanation_panel(e: Explanation) -> Group:
-    head = Text.assemble((f"{e.job_id}", "bold"), f" ({e.name}) is ", state_text(e.state))
+    named = f" ({e.name})" if e.name and e.name != e.job_id else ""  # (an unnamed job's: its id)
+    head = Text.assemble((f"{e.job_id}", "bold"), f"{named} is ", state_text(e.state))
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
