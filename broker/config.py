@@ -189,12 +189,20 @@ _TYPE_WORDS = {float: "a number", int: "a whole number", str: "a string",
                bool: "true or false"}
 
 
-def _problem(err: Mapping[str, Any], key: str, name: str, known: tuple[str, ...]) -> str:
-    """One line for one pydantic error: the key as the user wrote it (``name``) and what is
-    allowed; an unknown key names the closest known one."""
+def _spelt(key: str, env: bool) -> str:
+    """A key as the user writes it: ``grace_s`` in the file, ``SPILLWAY_GRACE_S`` outside."""
+    return key if not env or key.startswith("SPILLWAY_") else f"SPILLWAY_{key.upper()}"
+
+
+def _problem(err: Mapping[str, Any], key: str, env: bool) -> str:
+    """One line for one pydantic error, naming the key (``config grace_s`` or
+    ``SPILLWAY_GRACE_S``) and what is allowed; an unknown key names the closest known one."""
+    name = _spelt(key, env) if env else f"config {key}"
     if err["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(known)}"
+        known = _SCALARS if env else CONFIG_KEYS  # (only scalars have variables)
+        close = difflib.get_close_matches(key.removeprefix("SPILLWAY_").lower(), known, n=1)
+        hint = (f"did you mean {_spelt(close[0], env)}?" if close else
+                f"allowed: {', '.join(known)}")
         return f"{name}: not a setting; {hint}"
     value = err.get("input")
     if key == "providers":
@@ -207,17 +215,16 @@ def _problem(err: Mapping[str, Any], key: str, name: str, known: tuple[str, ...]
     return f"{name}: {value!r} is not allowed; use {allowed}"
 
 
-def _check(data: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """The keys of ``data`` checked and converted; ConfigError with one line per problem.
-    ``names`` says what to call each key in a message (``config grace_s``, ``SPILLWAY_...``)."""
+def _check(data: Mapping[str, Any], env: bool) -> dict[str, Any]:
+    """The keys of ``data`` (of the file, or of the variables: ``env``) checked and converted;
+    ConfigError with one line per problem."""
     try:
         model = _Model.model_validate(dict(data))
     except ValidationError as e:
-        known = tuple(names.get(k, k) for k in CONFIG_KEYS)
         lines = []
         for err in e.errors():
             key = str(err["loc"][0]) if err["loc"] else "?"
-            lines.append(_problem(err, key, names.get(key, key), known))
+            lines.append(_problem(err, key, env))
         raise ConfigError("\n".join(dict.fromkeys(lines))) from None
     return {k: getattr(model, k) for k in data}
 
@@ -332,8 +339,7 @@ def load_config(
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p}: top level must be a mapping")
         data = {str(k): _blank(str(k), v) for k, v in data.items()}
-        names = {k: f"config {k}" for k in data}
-        changes = _check(data, names)
+        changes = _check(data, env=False)
         if "classes" in changes:
             changes["classes"] = parse_classes(changes["classes"])
         if "teams" in changes:
@@ -347,8 +353,7 @@ def load_config(
              for var, value in env.items() if var in variables}
     unknown = [var for var in env if var not in variables and _misspelt(var)]
     if given or unknown:
-        names = {key: var for var, key in variables.items()} | {v: v for v in unknown}
-        cfg = replace(cfg, **_check(given | {v: env[v] for v in unknown}, names))
+        cfg = replace(cfg, **_check(given | {v: env[v] for v in unknown}, env=True))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if clean:
         cfg = replace(cfg, **clean)

@@ -151,3 +151,14 @@ def test_the_clients_spec_error_names_the_closest_field() -> None:
     with pytest.raises(SpecError, match=r"priorty: is not a JobSpec field; did you mean "
                                         r"priority\?"):
         client.submit({"command": "true", "priorty": "high"})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("polcy: fcfs\n", "config polcy: not a setting; did you mean policy?"),
+    ("grace_s: 3\ngrace: 3\n", "config grace: not a setting; did you mean grace_s?"),
+])
+def test_the_closest_key_is_found_for_short_keys_too(tmp_path: Path, text: str,
+                                                     message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    assert str(info.value) == message
