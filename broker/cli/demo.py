@@ -204,6 +204,29 @@ def summary(board: Board) -> tuple[Table, list[str]]:
     return table, wrong
 
 
+def closing_notes(jobs: list[Job], config: Any) -> list[str]:
+    """What the demo says when it ends: why a lower class started before a higher one, if one
+    did (backfill), and what to try next."""
+    rank = {c.name: c.rank for c in config.classes}
+    started = sorted((j for j in jobs if j.attempts), key=lambda j: j.attempts[0].started_at)
+    notes = []
+    pair = next(((lo, hi) for i, hi in enumerate(started) for lo in started[:i]
+                 if rank.get(lo.priority, 0) < rank.get(hi.priority, 0)
+                 and lo.attempts[0].started_at < hi.attempts[0].started_at), None)
+    if pair:
+        lo, hi = pair
+        gpus = f"{hi.spec.gpus} GPUs" if hi.spec.gpus != 1 else "a GPU"
+        notes.append(f"{lo.name} ({lo.priority}) started before {hi.name} ({hi.priority}): "
+                     f"backfill. {hi.name} needed {gpus} free together and fewer were; "
+                     f"{lo.name} fitted in the GPUs left idle meanwhile, never delaying the job "
+                     f"first in line. `spillway explain JOB` says why a job waits.")
+    notes.append("Next: `spillway up` runs this cluster until Ctrl-C and prints the `export "
+                 "SPILLWAY_REDIS_URL=...` line for another terminal; there, from your project's "
+                 "directory: `spillway submit --gpus 1 -- python train.py`, then `spillway "
+                 "queue`, `spillway explain JOB`, `spillway logs -f JOB`.")
+    return notes
+
+
 @app.command()
 def demo(
     ctx: typer.Context,
@@ -267,6 +290,10 @@ def demo(
         else:
             out.print("[green]every job ended as planned[/] (one failed and one was "
                       "cancelled on purpose)")
+        if board.done:
+            for note in closing_notes(list(board.jobs.values()), s.config):
+                out.print()
+                out.print(escape(note))
     except (KeyboardInterrupt, _Stop):
         err.print("interrupted; shutting down")
         code = 130

@@ -125,3 +125,25 @@ def test_readme_reason_table_has_every_code_explain_gives() -> None:
     for code in ("NotScheduledYet", "Starting", "Running", "Stopping", "Succeeded", "Failed",
                  "Cancelled"):
         assert f"`{code}`" in firsts, code
+
+
+def test_demo_says_why_a_low_job_started_first_and_what_to_try_next() -> None:
+    from broker.cli.demo import closing_notes
+    from broker.model import Attempt, JobSpec
+    from broker.model import Job as J
+
+    def job(i: int, name: str, priority: str, gpus: int, started: float) -> J:
+        spec = JobSpec(command="true", name=name, priority=priority, gpus=gpus)
+        return J(id=f"j-{i}", spec=spec, state=JobState.SUCCEEDED, submitted_at=0.0,
+                 attempts=(Attempt(1, (), started),))
+
+    jobs = [job(1, "train-vit", "normal", 4, 9.0), job(2, "hparam-a", "low", 1, 2.0),
+            job(3, "eval-bert", "high", 1, 1.0)]
+    lines = closing_notes(jobs, Config())
+    assert lines[0] == (
+        "hparam-a (low) started before train-vit (normal): backfill. train-vit needed 4 GPUs "
+        "free together and fewer were; hparam-a fitted in the GPUs left idle meanwhile, never "
+        "delaying the job first in line. `spillway explain JOB` says why a job waits.")
+    assert lines[1].startswith("Next: `spillway up` runs this cluster until Ctrl-C")
+    assert "spillway submit --gpus 1 -- python train.py" in lines[1]
+    assert closing_notes(jobs[2:], Config())[0].startswith("Next:")
