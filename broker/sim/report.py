@@ -284,7 +284,8 @@ def _label_team_axes(ax_wait: Axes, ax_bsld: Axes, teams: list[str], legend: boo
     for ax in (ax_wait, ax_bsld):
         ax.grid(True, axis="y", alpha=0.3)
     if legend:
-        ax_wait.legend(loc="best", fontsize="small")
+        # beside the panel: over it, it hides the first team's bars
+        ax_wait.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize="small")
 
 
 def _num(value: Any) -> float:
