@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,28 @@ from broker.errors import ConfigError, FieldError, JobNotFound, SpecError, Spill
 
 out = Console(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+
+def table_width(console: Console | None = None) -> int | None:
+    """The width a table must fit: the terminal's (or ``COLUMNS``); None when the output goes
+    to a pipe or a file, where a table keeps its natural width and no line is cut."""
+    console = out if console is None else console
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return console.width
+    return None
+
+
+def print_fitted(renderable: Any, width: int | None, console: Console | None = None) -> None:
+    """Print a table made for ``width`` (from :func:`table_width`); with None, at its natural
+    width however long its lines (Rich would otherwise cut them at 80 columns)."""
+    console = out if console is None else console
+    if width is not None:
+        console.print(renderable)
+        return
+    Console(file=console.file, width=100_000, highlight=False, soft_wrap=False,
+            no_color=console.no_color, color_system=None).print(renderable)
+
 
 EXIT_SPEC = 2  # bad input (a SpecError), like a usage error
 EXIT_FAIL = 1

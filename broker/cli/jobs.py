@@ -17,9 +17,11 @@ from broker.cli.common import (
     fmt_duration,
     out,
     parse_pairs,
+    print_fitted,
     print_json,
     settings,
     spec_error,
+    table_width,
 )
 from broker.cli.render import explanation_panel, job_panel, jobs_table
 from broker.cli.root import app
@@ -200,7 +202,8 @@ def queue(
         err.print("no jobs" + ("" if all_ or state else " queued or running (--all shows "
                                                         "finished ones)"))
         return
-    out.print(jobs_table(jobs, width=out.width))
+    width = table_width()
+    print_fitted(jobs_table(jobs, width=width), width)
 
 
 @app.command()

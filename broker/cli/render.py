@@ -71,23 +71,89 @@ def reason_text(job: Job) -> str:
     return last
 
 
+def fit_widths(natural: Sequence[int], mins: dict[int, int], width: int | None,
+               gap: int, last: int | None = None) -> list[int] | None:
+    """Column widths that fit ``width`` with ``gap`` columns between columns: the free-text
+    columns in ``mins`` give up width, the widest first, down to their minimum (column
+    ``last`` only once the others are at theirs); the others (ids, states, numbers) keep their
+    natural width. None for ``width``: natural widths. None where even the minimums do not
+    fit."""
+    widths = list(natural)
+    if width is None:
+        return widths
+    room = width - gap * (len(widths) - 1) - sum(
+        w for i, w in enumerate(widths) if i not in mins)
+    while sum(widths[i] for i in mins) > room:
+        over = [i for i in mins if widths[i] > mins[i]]
+        over = [i for i in over if i != last] or over
+        if not over:
+            return None
+        top = max(widths[i] for i in over)
+        for i in over:
+            if widths[i] == top:
+                widths[i] -= 1
+    return widths
+
+
+def fitted_table(heads: Sequence[str], rows: Sequence[Sequence[str]], width: int | None,
+                 shorten: dict[int, int], wrap: int | None = None,
+                 droppable: Sequence[int] = (), title: str | None = None,
+                 ) -> tuple[Table, list[int]]:
+    """A borderless table whose lines fit ``width`` (None: natural widths, one line a row).
+    The columns in ``shorten`` (index: least width) are cut with an ellipsis and the ``wrap``
+    column wraps at words, to make room; the others are never cut. Where even that does not
+    fit, the gap between columns narrows to one, and then the ``droppable`` columns go, in
+    that order. Returns the table and the indexes of the columns it shows (fill it with
+    ``add_row`` in that order)."""
+    natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    mins = {i: min(natural[i], least) for i, least in shorten.items()}
+    keep = list(range(len(heads)))
+    widths: list[int] | None = None
+    gap = 2
+    for dropped in range(len(droppable) + 1):
+        keep = [i for i in range(len(heads)) if i not in droppable[:dropped]]
+        for gap in (2, 1):  # two spaces between columns only while the wrapped one keeps 24
+            least = dict(mins)
+            if wrap is not None and gap == 2:
+                least[wrap] = max(least[wrap], min(natural[wrap], 24))
+            fit = fit_widths([natural[i] for i in keep],
+                             {k: least[i] for k, i in enumerate(keep) if i in least}, width, gap,
+                             last=keep.index(wrap) if wrap in keep else None)
+            if fit is not None:
+                widths = [0] * len(heads)
+                for k, i in enumerate(keep):
+                    widths[i] = fit[k]
+                break
+        if widths is not None:
+            break
+    if widths is None:  # nothing fits: the least widths, and the lines run long
+        widths = [mins.get(i, w) for i, w in enumerate(natural)]
+    table = Table(title=title, header_style="bold", box=None, pad_edge=False,
+                  padding=(0, 1) if gap == 2 else (0, 1, 0, 0))
+    for i in keep:
+        if i == wrap:  # wraps at word boundaries (a long word is folded)
+            table.add_column(heads[i], width=widths[i], overflow="fold")
+        else:  # shortened with an ellipsis, or never cut
+            table.add_column(heads[i], width=widths[i], no_wrap=True,
+                             overflow="ellipsis" if i in mins else "crop")
+    return table, keep
+
+
 def jobs_table(jobs: Sequence[Job], now: float | None = None, title: str | None = None,
-               width: int = 120) -> Table:
-    """One row per job; every column keeps its full width except REASON, which is cut to fit
-    ``width`` (the console's)."""
+               width: int | None = 120) -> Table:
+    """One row per job, fitted to ``width`` (:func:`broker.cli.common.table_width`): the id,
+    class, state, GPUs and times keep their full width; NAME and TEAM are shortened and REASON
+    wraps to make room. None: every column at its natural width, one line a job (a pipe)."""
     now = time.time() if now is None else now
-    heads = ("ID", "NAME", "TEAM", "CLASS", "STATE", "GPUS", "WAITED/RAN")
+    heads = ("ID", "NAME", "TEAM", "CLASS", "STATE", "GPUS", "WAITED/RAN", "REASON")
     rows = [(j.id, j.spec.name or "-", j.team, j.priority, j.state.value, gpus_text(j.spec),
              waited_ran(j, now), reason_text(j)) for j in jobs]
-    table = Table(title=title, header_style="bold", box=None, pad_edge=False)
-    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(heads)]
-    for col, w in zip(heads, widths):
-        table.add_column(col, no_wrap=True, min_width=w)
-    left = max(12, width - sum(widths) - 2 * len(heads))
-    table.add_column("REASON", overflow="ellipsis", no_wrap=True, max_width=min(left, 90))
+    table, keep = fitted_table(heads, rows, width, shorten={1: 6, 2: 6, 7: 12}, wrap=7,
+                               droppable=(2, 1), title=title)
     for j, r in zip(jobs, rows):
-        table.add_row(r[0], escape(r[1]), escape(r[2]), r[3], state_text(j.state), r[5], r[6],
-                      escape(r[7]))
+        cells: list[str | Text] = [escape(r[i]) for i in keep]
+        cells[keep.index(4)] = state_text(j.state)
+        table.add_row(*cells)
     return table
 
 
