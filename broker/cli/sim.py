@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from broker.cli.common import err, out, print_json
+from broker.cli.common import err, out, print_json, table_width
 from broker.cli.root import app
 from broker.errors import ConfigError
 
@@ -127,6 +127,8 @@ def simulate(
         print_json(results[0].metrics if len(results) == 1 else
                    {"runs": [r.metrics for r in results]})
     else:
-        out.print(summary_table([r.metrics for r in results]))
+        # blocks of columns that fit the terminal; whole rows, one a policy, in a pipe
+        out.print(summary_table([r.metrics for r in results], width=table_width()),
+                  markup=False, soft_wrap=True)
     if any(r.metrics.get("invariant_violations") for r in results):
         raise typer.Exit(1)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -325,22 +325,33 @@ def _cell(value: Any, kind: str) -> str:
     return _fmt_num(value, kind)
 
 
-def summary_table(results: Sequence[Mapping[str, Any]]) -> str:
+def summary_table(results: Sequence[Mapping[str, Any]], width: int | None = None) -> str:
     """A fixed-width text table with one row per policy's metrics dict (from
-    :func:`compute_metrics`); waits in seconds, minutes or hours as their size suits."""
+    :func:`compute_metrics`); waits in seconds, minutes or hours as their size suits. Wider
+    than ``width`` (a terminal's; None: any width), the columns are split into blocks one
+    under the other, each starting with the policy, so that no row wraps."""
     header = ["policy", *(h for h, _, _ in _COLUMNS)]
     rows: list[list[str]] = [
         [str(m.get("policy", "?")), *(_cell(m.get(key), kind) for _, key, kind in _COLUMNS)]
         for m in results
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    blocks: list[list[int]] = [[0]]
+    for i in range(1, len(header)):
+        if width is not None and len(blocks[-1]) > 1 and (
+                sum(widths[j] + 2 for j in blocks[-1]) + widths[i] > width):
+            blocks.append([0])
+        blocks[-1].append(i)
 
-    def line(cells: Iterable[str]) -> str:
-        parts = [
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-        ]
+    def line(cells: Sequence[str], cols: Sequence[int]) -> str:
+        parts = [cells[i].ljust(widths[i]) if i == 0 else cells[i].rjust(widths[i])
+                 for i in cols]
         return "  ".join(parts).rstrip()
 
-    out = [line(header), line("-" * w for w in widths)]
-    out.extend(line(r) for r in rows)
+    out: list[str] = []
+    for cols in blocks:
+        if out:
+            out.append("")
+        out += [line(header, cols), line(["-" * w for w in widths], cols)]
+        out.extend(line(r, cols) for r in rows)
     return "\n".join(out)

@@ -1,0 +1,127 @@
+"""Narrow terminals and piped output: tables fit COLUMNS (the free-text columns wrap or are
+shortened, the id never), and output that is not a terminal is never cut."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from broker.cli import app
+from broker.model import Reason
+from broker.plan import Plan
+from broker.sim.metrics import summary_table
+from broker.store import RedisStore
+from tests.conftest import with_db
+
+DB = 1  # this module's own database on the session's Redis
+
+REASON = Reason("Resources", "waiting for 4 GPU(s) of A100-80GB; 2 free on the best node")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG", "COLUMNS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SPILLWAY_HOLD_IF_INFEASIBLE", "true")  # no nodes here
+
+
+@pytest.fixture
+def url(redis_url: str) -> Iterator[str]:
+    u = with_db(redis_url, DB)
+    raw = redis.Redis.from_url(u)
+    raw.flushdb()
+    try:
+        yield u
+    finally:
+        raw.flushdb()
+        raw.close()
+
+
+def cli(url: str, *args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(app, ["--redis-url", url, *args], env=env,
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _queued(url: str) -> list[str]:
+    ids = [cli(url, "submit", "--gpus", "4", "--name", "resnet50-imagenet-sweep-lr3e-4",
+               "--team", "vision-research", "--", "python", "train.py").strip()
+           for _ in range(2)]
+    store = RedisStore(url)
+    try:
+        store.apply(Plan(pending=dict.fromkeys(ids, REASON), order=tuple(ids)), time.time())
+    finally:
+        store.close()
+    return ids
+
+
+def test_queue_at_80_columns_keeps_ids_and_readable_reasons(url: str) -> None:
+    ids = _queued(url)
+    out = cli(url, "queue", env={"COLUMNS": "80"})
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines), out
+    for job_id in ids:
+        assert job_id in out, out  # whole, never cut
+    words = " ".join(out.split())
+    assert "Resources:" in words and "waiting for 4 GPU(s)" in words, out  # wrapped, not cut
+
+
+def test_piped_queue_is_never_cut(url: str) -> None:
+    ids = _queued(url)
+    out = cli(url, "queue")  # no COLUMNS and not a terminal: a pipe
+    rows = [line for line in out.splitlines() if ids[0] in line]
+    assert len(rows) == 1, out
+    assert "resnet50-imagenet-sweep-lr3e-4" in rows[0] and "vision-research" in rows[0]
+    assert f"{REASON.code}: {REASON.message}" in rows[0], out  # one line a job, whole
+
+
+METRICS = [{"policy": p, "utilization": 0.81, "busy_utilization": 0.93, "wait_mean_s": 5400.0,
+            "wait_p50_s": 60.0, "wait_p95_s": 36000.0, "wait_p99_s": 90000.0,
+            "bounded_slowdown_mean": 123.45, "jain_fairness": 0.912, "sla_attainment": 0.7,
+            "preemptions": 12345, "invariant_violations": 0, "wall_s": 83.2}
+           for p in ("fcfs", "slurm-like", "spillway")]
+
+
+def test_summary_table_fits_the_width_without_breaking_a_row() -> None:
+    text = summary_table(METRICS, width=80)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    for policy in ("fcfs", "slurm-like", "spillway"):  # each block has every policy's row
+        rows = [line for line in lines if line.startswith(policy + " ")]
+        assert len(rows) >= 2, text
+    for head in ("util", "busy util", "wait mean", "p99", "Jain", "SLA", "preempt", "wall"):
+        assert head in text, text
+    wide = summary_table(METRICS)  # no width: one row a policy, however long
+    assert len([line for line in wide.splitlines() if line.startswith("fcfs")]) == 1
+    assert summary_table(METRICS, width=400) == wide
+
+
+CLUSTER = "name: tiny\nnodes:\n  - {prefix: a, count: 2, gpus: 4xA100-80GB}\n"
+TRACE = "submit_time,duration_s,num_gpus,team,priority,time_limit_s\n" + "".join(
+    f"{i * 60},{600 + 300 * (i % 5)},{1 + (i % 3)},red,normal,7200\n" for i in range(12))
+
+
+@pytest.mark.parametrize("columns", ["80", None])
+def test_simulate_summary_rows_are_whole(tmp_path: Path, columns: str | None) -> None:
+    (tmp_path / "c.yaml").write_text(CLUSTER)
+    (tmp_path / "t.csv").write_text(TRACE)
+    result = CliRunner().invoke(
+        app, ["simulate", "--trace", str(tmp_path / "t.csv"), "--cluster",
+              str(tmp_path / "c.yaml"), "--policy", "fcfs,slurm-like,spillway"],
+        env={"COLUMNS": columns} if columns else None)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("slurm-like ")]
+    if columns:  # blocks that fit 80 columns, each with every policy
+        assert all(len(line) <= 80 for line in lines), result.stdout
+        assert len(rows) >= 2 and all("%" in r or "s" in r for r in rows), result.stdout
+    else:  # a pipe: one whole row a policy
+        assert len(rows) == 1 and rows[0].rstrip().endswith("s"), result.stdout
+        assert any(line.rstrip().endswith("wall") for line in lines), result.stdout
