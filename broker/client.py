@@ -25,11 +25,12 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import commands
+from broker import commands, feasible
 from broker.app import configure
 from broker.config import Config, load_config
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.model.cloud import Offer
 from broker.reach import guarded
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
@@ -254,14 +255,37 @@ class Client:
                                                 f"{type(spec).__name__}")])
         return JobSpec.parse(data, self.config)
 
-    def submit(self, spec: JobSpec | Mapping[str, Any] | None = None, **fields: Any) -> Job:
-        """Validate and queue one job; returns it PENDING. SpecError stores nothing."""
+    def _feasible(self, specs: builtins.list[JobSpec], hold: bool | None,
+                  prefix: bool = False) -> None:
+        """SpecError when no registered node (up or down) and no cloud offer could ever hold
+        one of ``specs``, unless ``hold`` (default: the ``hold_if_infeasible`` setting)."""
+        if self.config.hold_if_infeasible if hold is None else hold:
+            return
+        nodes = self.store.nodes()
+        problems: builtins.list[FieldError] = []
+        for i, spec in enumerate(specs):
+            problems += [FieldError(f"[{i}].{p.field}", p.problem, p.allowed) if prefix else p
+                         for p in feasible.problems(spec, nodes, self._offers())]
+        if problems:
+            raise SpecError(problems)
+
+    def _offers(self) -> tuple[Offer, ...]:
+        """The cloud offers a job could be rented on (none is configured yet: no provider
+        lists its offers to the client)."""
+        return ()
+
+    def submit(self, spec: JobSpec | Mapping[str, Any] | None = None, *,
+               hold_if_infeasible: bool | None = None, **fields: Any) -> Job:
+        """Validate and queue one job; returns it PENDING. SpecError stores nothing, also when
+        no registered node could ever hold the job (unless ``hold_if_infeasible``)."""
         checked = self._spec(spec, fields)
+        self._feasible([checked], hold_if_infeasible)
         job = self.store.submit(checked, now=time.time())
         self._trigger()
         return job
 
-    def submit_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> builtins.list[Job]:
+    def submit_many(self, specs: Iterable[JobSpec | Mapping[str, Any]], *,
+                    hold_if_infeasible: bool | None = None) -> builtins.list[Job]:
         """Validate every spec, then queue them all in one write, or none of them."""
         checked: builtins.list[JobSpec] = []
         problems: builtins.list[FieldError] = []
@@ -275,6 +299,7 @@ class Client:
             raise SpecError(problems)
         if not checked:
             return []
+        self._feasible(checked, hold_if_infeasible, prefix=True)
         jobs = self.store.submit_many(checked, now=time.time())
         self._trigger()
         return jobs

@@ -79,6 +79,8 @@ class Config:
     # agent's own user
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint)
+    hold_if_infeasible: bool = False  # queue a job that no registered node could ever hold
+    # (false: submit refuses it, naming the field; true: it waits, e.g. for nodes to register)
     default_class: str = "normal"
     default_team: str = "default"
     state_dir: str = "~/.local/state/spillway"
@@ -127,6 +129,7 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "retain_finished_s": (float, {"ge": 0}, "seconds >= 0 (0: keep every job hot)"),
     "job_user": (str, {}, "a user name (empty: the agent's own user)"),
     "max_preemptions": (int, {"ge": 1}, "a whole number >= 1"),
+    "hold_if_infeasible": (bool, {}, "true or false"),
     "default_class": (str, {"min_length": 1}, "a class name"),
     "default_team": (str, {"pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
                      "1-64 letters, digits, '.', '_' or '-'"),

@@ -43,8 +43,9 @@ def _on_nodes(res: Resources) -> str:
 def infeasible(res: Resources) -> Reason:
     return Reason(
         "NoFeasibleNode",
-        f"no live node has {res.gpus} free-able GPU(s) of {types(res)}{_on_nodes(res)}"
-        "; check `spillway nodes` and the job's gpu_types / min_gpu_memory_gb",
+        f"no node that is up has {res.gpus} GPU(s) of {types(res)}{_on_nodes(res)}, even "
+        "counting GPUs in use, and no cloud offer fits; check `spillway nodes` and the job's "
+        "gpus / gpu_types / min_gpu_memory_gb",
     )
 
 

@@ -97,6 +97,11 @@ def submit(
                        ] = None,
     name: Annotated[str | None, Opt("--name", "-n", help="A name to recognise the job by.")
                     ] = None,
+    hold_if_infeasible: Annotated[bool | None, Opt(
+        "--hold-if-infeasible/--refuse-if-infeasible",
+        help="Queue the job even if no registered node could ever hold it (e.g. before the "
+             "nodes register); default: the hold_if_infeasible setting (false: refused)",
+        show_default=False)] = None,
     wait: Annotated[bool, Opt("--wait", help="Wait until the job ends; exit 0 only if it "
                                              "succeeded.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the job as JSON.")] = False,
@@ -134,7 +139,7 @@ def submit(
     if problems:
         raise SpecError(problems)
     client = s.client()
-    job = client.submit(data)
+    job = client.submit(data, hold_if_infeasible=hold_if_infeasible)
     if not wait:
         print_json(job.to_dict()) if as_json else out.print(job.id)
         return

@@ -234,7 +234,8 @@ def test_mig_jobs_get_their_instance_and_whole_gpu_jobs_the_whole_gpu(cluster: C
     migs = {"MIG-n1-0-0", "MIG-n1-0-1"}
 
     # no two whole GPUs on n1: the split GPU does not count as one
-    two = cluster.client.submit(command="true", gpus=2, name="two-whole")
+    two = cluster.client.submit(command="true", gpus=2, name="two-whole",
+                                hold_if_infeasible=True)  # (refused at submit otherwise)
     assert wait_reason(cluster, two.id, {"NoFeasibleNode"}).placement == ()
     cluster.client.cancel(two.id)
 

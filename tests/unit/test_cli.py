@@ -26,6 +26,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/spillway/config.yaml
     monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("SPILLWAY_HOLD_IF_INFEASIBLE", "true")  # no nodes here (test_feasible)
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def client(redis_url: str) -> Iterator[Client]:
     url = with_db(redis_url, DB)
     raw = redis.Redis.from_url(url)
     raw.flushdb()
-    c = Client(url, Config())
+    c = Client(url, Config(hold_if_infeasible=True))  # (test_feasible: refused at submit)
     try:
         yield c
     finally:
@@ -336,7 +336,7 @@ def test_two_clients_publish_to_their_own_cluster(redis_url: str) -> None:
     raws = [redis.Redis.from_url(u) for u in urls]
     for r in raws:
         r.flushdb()
-    clients = [Client(u, Config()) for u in urls]
+    clients = [Client(u, Config(hold_if_infeasible=True)) for u in urls]
     try:
         for i, c in enumerate(clients + clients[::-1]):
             for r in raws:

@@ -49,7 +49,7 @@ def h(tmp_path: Path) -> Iterator[Harness]:
 def test_client_records_the_submit_directory(url: str, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with Client(url, Config()) as c:
+    with Client(url, Config(hold_if_infeasible=True)) as c:  # no node registered here
         assert c.submit(command="python train.py").spec.workdir == str(tmp_path)
         assert c.submit(command="true", workdir="/srv").spec.workdir == "/srv"  # given: kept
         (tmp_path / "sub").mkdir()
@@ -63,8 +63,9 @@ def test_cli_records_the_submit_directory(url: str, tmp_path: Path,
     monkeypatch.delenv("SPILLWAY_CONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["--redis-url", url, "submit", "--json", "--", "python",
-                                      "train.py"], catch_exceptions=False)
+    result = CliRunner().invoke(app, ["--redis-url", url, "submit", "--json",
+                                      "--hold-if-infeasible", "--", "python", "train.py"],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["spec"]["workdir"] == str(tmp_path)
 
