@@ -23,7 +23,7 @@ from rich.text import Text
 
 from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, settings
 from broker.cli.ops import _Stop, install_stop_handlers
-from broker.cli.render import gpus_text, state_text
+from broker.cli.render import fitted_table, gpus_text, state_text
 from broker.cli.root import app
 from broker.model import Job
 from broker.state import TERMINAL, JobState
@@ -123,8 +123,8 @@ class Board:
         return all(j.state in TERMINAL for j in self.jobs.values())
 
     def render(self, width: int = 120) -> Group:
-        """The live view, fitted to ``width`` columns: the job id and the output column go
-        first when the terminal is narrow."""
+        """The live view, fitted to ``width`` columns: the job id is always shown; the last
+        output line, the team and the name are shortened, then dropped, when it is narrow."""
         now = time.time()
         counts = Counter(j.state for j in self.jobs.values())
         head = Text.assemble(
@@ -140,22 +140,14 @@ class Board:
                          gpus_text(job.spec), job.state.value, fmt_duration(_wait_of(job, now)),
                          fmt_duration(_run_of(job, now)),
                          self._short(self.devices.get(job_id, "")) or "-"))
-        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
-        keep = list(range(len(heads)))
-        if sum(widths) + len(heads) + 12 > width:
-            keep.remove(0)  # the id: `spillway queue --all` has it
-        left = width - sum(widths[i] for i in keep) - len(keep)
-        table = Table(header_style="bold", box=None, pad_edge=False, padding=(0, 1, 0, 0))
-        for i in keep:
-            table.add_column(heads[i], no_wrap=True, min_width=widths[i])
-        if left >= 12:
-            table.add_column("LAST OUTPUT", overflow="ellipsis", no_wrap=True,
-                             max_width=min(left, 50))
+        # the id and the numbers are never cut; the last output line, the team and the name
+        # are shortened, then dropped in that order, to fit a narrow terminal
+        table, keep = fitted_table((*heads, "LAST OUTPUT"),
+                                   [(*r, self.last_line.get(r[0], "")) for r in rows], width,
+                                   shorten={1: 8, 2: 5, 9: 12}, droppable=(9, 2, 1))
         for job, r in zip(self.jobs.values(), rows):
-            cells: list[Any] = [escape(r[i]) for i in keep]
+            cells: list[Any] = [escape((*r, self.last_line.get(job.id, ""))[i]) for i in keep]
             cells[keep.index(5)] = state_text(job.state)
-            if left >= 12:
-                cells.append(escape(self.last_line.get(job.id, "")))
             table.add_row(*cells)
         return Group(head, note, table)
 

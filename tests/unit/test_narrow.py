@@ -125,3 +125,23 @@ def test_simulate_summary_rows_are_whole(tmp_path: Path, columns: str | None) ->
     else:  # a pipe: one whole row a policy
         assert len(rows) == 1 and rows[0].rstrip().endswith("s"), result.stdout
         assert any(line.rstrip().endswith("wall") for line in lines), result.stdout
+
+
+def test_demo_board_keeps_its_ids_at_80_columns() -> None:
+    from rich.console import Console
+
+    from broker.cli.demo import WORKLOAD, Board
+    from tests.builders import job
+
+    jobs = [job(f"j-{i:012x}", d.gpus, priority=d.priority, name=d.name, submitted=time.time())
+            for i, d in enumerate(WORKLOAD)]
+    board = Board(None, list(WORKLOAD), jobs, "demo-node", "8xA100-80GB")
+    for j in jobs[:3]:
+        board.last_line[j.id] = "epoch 3/10 loss 0.4213 lr 3e-4 throughput 1234 samples/s"
+    console = Console(width=80, record=True, highlight=False)
+    console.print(board.render(80))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "ID" in text.splitlines()[2], text
+    for j in jobs:
+        assert j.id in text, text
