@@ -19,9 +19,11 @@ from broker.cli.common import (
     fmt_duration,
     out,
     parse_pairs,
+    print_fitted,
     print_json,
     redacted,
     settings,
+    table_width,
 )
 from broker.cli.render import nodes_table, queued_at
 from broker.cli.root import app
@@ -118,7 +120,7 @@ def nodes(
     elif not views:
         err.print("no nodes registered; start one with `spillway worker` (or `spillway up`)")
     else:
-        out.print(nodes_table(views))
+        print_fitted(nodes_table(views), table_width())  # (a pipe: one line a node)
 
 
 @app.command()

@@ -145,3 +145,20 @@ def test_demo_board_keeps_its_ids_at_80_columns() -> None:
     assert "ID" in text.splitlines()[2], text
     for j in jobs:
         assert j.id in text, text
+
+
+def test_piped_nodes_are_one_line_each(url: str) -> None:
+    from broker.model import Gpu, Node
+
+    gpus = (*(Gpu(f"GPU-n1-{i}", i, "A100-80GB", 80.0) for i in range(4)),
+            *(Gpu(f"GPU-n1-{i}", i, "H100-80GB", 80.0) for i in range(4, 8)),
+            *(Gpu(f"GPU-n1-{i}", i, "L40S-48GB", 48.0) for i in range(8, 12)))
+    store = RedisStore(url)
+    try:
+        store.heartbeat(Node("gpu-node-with-a-long-name-01", gpus, hostname="h", cpus=64,
+                             memory_gb=512, incarnation="i1"), 60, time.time())
+    finally:
+        store.close()
+    out = cli(url, "nodes")
+    rows = [line for line in out.splitlines() if "gpu-node-with-a-long-name-01" in line]
+    assert len(rows) == 1 and "4/4 L40S-48GB" in rows[0] and "ago" in rows[0], out
