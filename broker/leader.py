@@ -39,11 +39,13 @@ from broker.commands import WAKE
 from broker.control import run_cycles
 from broker.errors import Fenced, StoreUnreachable
 from broker.metrics import SchedulerMetrics, scheduler_metrics, serve
-from broker.reach import wait_for_redis
+from broker.reach import hide_password, wait_for_redis
 from broker.reconciler import reconcile
 from broker.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+DOWN_LOG_S = 5.0  # while Redis is down, a running scheduler says so this often
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Leader:
     token: str | None = None
     reachable_since: float = field(default_factory=time.time)  # the store answered again
     leaderships: int = 0
+    down_since: float | None = None  # (monotonic) the store stopped answering; None: it answers
+    _down_said: float = -1e9  # when an outage was last logged (one line every DOWN_LOG_S)
 
     @property
     def metrics(self) -> SchedulerMetrics:
@@ -85,7 +89,7 @@ class Leader:
             try:
                 held = self.rt.store.renew_leadership(token, self.lease_s, time.time())
             except redis.RedisError as e:
-                log.warning("cannot renew the leader's lease (%s); retrying", e)
+                self._store_down("cannot renew the leader's lease", e)
                 continue
             if not held and self.token == token:
                 log.warning("the leader's lease %s has ended: following", token)
@@ -111,6 +115,7 @@ class Leader:
                     leading = self.token is not None or self.try_lead()
                     self.metrics.observe_leadership(leading)
                     if not leading:
+                        self._store_up()  # (try_lead had an answer)
                         self.stop.wait(self.lease_s / 5)
                         continue
                     token = self.token
@@ -127,11 +132,12 @@ class Leader:
                             next_archive = time.monotonic() + 60.0
                     wait = max(0.01, min(cfg.cycle_s, next_reconcile - time.monotonic()))
                     self.rt.redis.blpop([WAKE], timeout=wait)
+                    self._store_up()
                 except Fenced as e:
                     log.warning("%s", e)
                     self.token = None
                 except redis.RedisError as e:
-                    log.warning("the store is unreachable (%s); retrying", e)
+                    self._store_down("scheduling paused", e)
                     self.stop.wait(min(1.0, self.lease_s / 5))
                     self.reachable_since = time.time()  # judged again from when it answers
                 except Exception:  # a bug must not stop scheduling: say it, and go on
@@ -142,6 +148,23 @@ class Leader:
             renewer.join(self.lease_s)
             self.resign()
             self.metrics.observe_leadership(False)
+
+    def _store_down(self, what: str, e: Exception) -> None:
+        """Say that Redis does not answer: at once, then once every DOWN_LOG_S while it stays
+        down (the loop retries every fifth of the lease)."""
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
+        if now - self._down_said >= DOWN_LOG_S:
+            self._down_said = now
+            log.warning("%s: Redis at %s does not answer (%s) for %.0fs now; retrying every "
+                        "%.1fs", what, hide_password(self.rt.redis_url), e,
+                        now - self.down_since, min(1.0, self.lease_s / 5))
+
+    def _store_up(self) -> None:
+        if self.down_since is not None:
+            log.warning("Redis answers again after %.0fs", time.monotonic() - self.down_since)
+            self.down_since, self._down_said = None, -1e9
 
     def judge_from(self) -> float:
         """Node leases are judged from this time at the earliest: the later of the last time

@@ -510,6 +510,9 @@ def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     consumer_log = logging.getLogger("celery.worker.consumer.consumer")
     if consumer_log.level == logging.NOTSET:
         consumer_log.setLevel(logging.CRITICAL)
+    # ... and warns, on every lost connection, that this setting's default changes in Celery
+    # 6; it only cancels acks_late tasks, and the agent has none
+    celery.conf.worker_cancel_long_running_tasks_on_connection_loss = True
     base = celery.Worker
 
     class AgentWorker(base):  # type: ignore[misc, valid-type]

@@ -5,6 +5,7 @@ traceback; the client raises StoreUnreachable (a ConnectionError) naming the URL
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,11 +36,12 @@ def _env(tmp_path: Path, retry_s: float) -> dict[str, str]:
     return env
 
 
-def _service(name: str, url: str, tmp_path: Path, retry_s: float) -> subprocess.Popen[bytes]:
+def _service(name: str, url: str, tmp_path: Path, retry_s: float,
+             log_name: str = "stderr") -> subprocess.Popen[bytes]:
     args = {"scheduler": ["scheduler"],
             "worker": ["worker", "--gpus", "1xA100-80GB", "--node-id", "u1", "--cpus", "2",
                        "--memory", "4", "--work-dir", str(tmp_path / "work")]}[name]
-    log = (tmp_path / "stderr").open("wb")
+    log = (tmp_path / log_name).open("wb")
     return subprocess.Popen([sys.executable, "-m", "broker.cli", "--redis-url", url, *args],
                             env=_env(tmp_path, retry_s), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -110,3 +112,48 @@ def test_cli_says_where_redis_was_looked_for(closed_url: str) -> None:
     assert result.exit_code == 1
     assert f"cannot reach Redis at {closed_url}" in result.output
     assert "Traceback" not in result.output
+
+
+def _wait_for(path: Path, text: str, procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in (path.read_text() if path.exists() else ""):
+        assert all(p.poll() is None for p in procs), path.read_text()
+        assert time.monotonic() < deadline, f"no {text!r} in {path.name}:\n{path.read_text()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_an_outage_mid_run_is_a_line_now_and_then_and_sigterm_stops_cleanly(
+        tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen([str(shutil.which("redis-server")), "--port", str(port), "--bind",
+                               "127.0.0.1", "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs = [_service("scheduler", url, tmp_path, 10, "scheduler.log"),
+                 _service("worker", url, tmp_path, 10, "worker.log")]
+        _wait_for(tmp_path / "scheduler.log", "leading the schedulers", procs, 30)
+        _wait_for(tmp_path / "worker.log", "registered", procs, 30)
+        server.kill()
+        server.wait(10)
+        _wait_for(tmp_path / "scheduler.log", "does not answer", procs, 15)
+        _wait_for(tmp_path / "worker.log", "heartbeat failed", procs, 15)
+        time.sleep(3.0)  # a few seconds of outage: a line every 5 s, not every retry
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert [_finish(p, 30) for p in procs] == [0, 0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    scheduler = (tmp_path / "scheduler.log").read_text()
+    worker = (tmp_path / "worker.log").read_text()
+    assert "Traceback" not in scheduler + worker, scheduler + worker
+    assert "CPendingDeprecationWarning" not in worker, worker
+    assert 1 <= scheduler.count("does not answer") <= 3, scheduler
