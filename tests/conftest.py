@@ -42,6 +42,18 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
 
 
+def flushed_db(url: str, db: int) -> Iterator[str]:
+    """A fixture body: database ``db`` of the server at ``url``, empty before and after."""
+    u = with_db(url, db)
+    raw = redis.Redis.from_url(u)
+    raw.flushdb()
+    try:
+        yield u
+    finally:
+        raw.flushdb()
+        raw.close()
+
+
 def delete_prefix(client: redis.Redis, prefix: str) -> int:
     """Delete every key under ``prefix`` (SCAN, then DEL in batches); return how many."""
     deleted, batch = 0, []

@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 
 DB = 13
 COMMANDS = ["submit", "queue", "show", "cancel", "logs", "explain", "nodes", "drain", "resume",
@@ -31,14 +30,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, DB)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
-    try:
-        yield u
-    finally:
-        raw.flushdb()
-        raw.close()
+    yield from flushed_db(redis_url, DB)
 
 
 def cli(*args: str, url: str | None = None) -> tuple[int, str, str]:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
@@ -19,7 +18,7 @@ from broker.errors import SpecError
 from broker.feasible import problems
 from broker.model import Gpu, JobSpec, Node, NodeState, Resources
 from policies.reasons import infeasible
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 
 DB = 3  # this module's own database on the session's Redis
 
@@ -72,14 +71,7 @@ def test_an_empty_cluster_refuses_and_names_the_option() -> None:
 
 @pytest.fixture
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, DB)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
-    try:
-        yield u
-    finally:
-        raw.flushdb()
-        raw.close()
+    yield from flushed_db(redis_url, DB)
 
 
 def test_client_raises_spec_error_and_stores_nothing(url: str) -> None:

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
@@ -16,7 +15,7 @@ from broker.model import Reason
 from broker.plan import Plan
 from broker.sim.metrics import summary_table
 from broker.store import RedisStore
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 
 DB = 1  # this module's own database on the session's Redis
 
@@ -33,14 +32,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, DB)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
-    try:
-        yield u
-    finally:
-        raw.flushdb()
-        raw.close()
+    yield from flushed_db(redis_url, DB)
 
 
 def cli(url: str, *args: str, env: dict[str, str] | None = None) -> str:

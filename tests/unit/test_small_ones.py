@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
@@ -19,7 +18,7 @@ from broker.gpus import parse_inventory
 from broker.model import Gpu, Node
 from broker.state import JobState
 from broker.store.events import Exited, Started
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 
 DB = 5  # this module's own database on the session's Redis
 
@@ -34,14 +33,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, DB)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
-    try:
-        yield u
-    finally:
-        raw.flushdb()
-        raw.close()
+    yield from flushed_db(redis_url, DB)
 
 
 def cli(url: str, *args: str) -> tuple[int, str, str]:

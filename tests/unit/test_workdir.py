@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.client import Client
 from broker.config import Config
 from broker.store.events import Started
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 from tests.unit.test_runner import GPUS, NODE, Harness
 
 DB = 15  # this module's own database on the session's Redis
@@ -27,14 +26,7 @@ DB = 15  # this module's own database on the session's Redis
 
 @pytest.fixture
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, DB)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
-    try:
-        yield u
-    finally:
-        raw.flushdb()
-        raw.close()
+    yield from flushed_db(redis_url, DB)
 
 
 @pytest.fixture
