@@ -325,6 +325,7 @@ class Keeper:
     """The agent's end of its keeper: :meth:`stop` on a clean stop, nothing on a crash."""
 
     def __init__(self, iso: Isolation) -> None:
+        self.iso = iso
         r, self._w = os.pipe()  # both close-on-exec: no job inherits the write end
         root = os.path.dirname(os.path.dirname(os.path.abspath(keeper.__file__)))
         code = (f"import sys; sys.path.insert(0, {root!r}); "
@@ -348,3 +349,8 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        # a clean stop: the jobs have ended; leave no empty cgroup of this node behind
+        for d in self.iso.node_dirs:
+            for name in keeper._listdir(d):
+                keeper.remove(os.path.join(d, name), wait_s=0)
+            keeper.remove(d, wait_s=0)

@@ -246,3 +246,11 @@ def test_keeper_v2_kill_writes_cgroup_kill(tmp_path: Path) -> None:
                      daemon=True).start()
     wait_for(lambda: all((node / n / "cgroup.kill").exists() for n in ("a-1-0", "b-1-0")), 5,
              "cgroup.kill in each job cgroup")
+
+
+def test_a_clean_stop_leaves_no_empty_cgroup_of_the_node(v1: Isolation) -> None:
+    box = v1.box("gone", 1, 0, memory_gb=0, cpus=0)
+    box.release()  # (an ended part's cgroup is removed; an empty leftover may stay)
+    os.makedirs(os.path.join(v1.node_dirs[0], "leftover-1-0"), exist_ok=True)
+    Keeper(v1).stop()
+    assert not any(os.path.exists(d) for d in v1.node_dirs)
