@@ -15,15 +15,10 @@ from broker.errors import FieldError
 from broker.gpus import memory_of
 from broker.model import JobSpec, Node, Resources
 from broker.model.cloud import Offer
-from broker.model.fit import Kind, kind_of, wanted_kinds
+from broker.model.fit import Kind, kind_of, offer_could_hold, site_allows, wanted_kinds
 
 HOLD_HINT = ("submit with --hold-if-infeasible (client: hold_if_infeasible=True, or "
              "hold_if_infeasible: true in the configuration) to queue it anyway")
-
-
-def _site_ok(node: Node, sites: tuple[str, ...]) -> bool:
-    """The placement's rule: a job restricted to ``sites`` may run on this node's site."""
-    return node.site in sites or (node.site != "onprem" and "cloud" in sites)
 
 
 def _host_ok(node: Node, res: Resources) -> bool:
@@ -54,20 +49,11 @@ def inventory(nodes: Iterable[Node]) -> str:
     return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {listed}"
 
 
-def _offer_holds(spec: JobSpec, offers: Sequence[Offer]) -> bool:
-    """As the scheduler's queue pass: a cloud offer could hold it (one instance a node)."""
-    res = spec.resources
-    if not offers or spec.sites == ("onprem",):
-        return False
-    kinds = {(o.gpu_model, None) for o in offers if o.gpu_count >= res.gpus}
-    return res.gpus == 0 or bool(wanted_kinds(res, kinds))
-
-
 def problems(spec: JobSpec, nodes: Sequence[Node],
              offers: Sequence[Offer] = ()) -> list[FieldError]:
     """Why no registered node (up or down) and no offer could ever hold ``spec``, as field
     errors naming the field that asks too much and what the cluster has; [] if one could."""
-    if _offer_holds(spec, offers):
+    if offer_could_hold(spec.resources, spec.sites, offers):
         return []
     res = spec.resources
     if not nodes:
@@ -75,7 +61,7 @@ def problems(spec: JobSpec, nodes: Sequence[Node],
                                     "start a worker (`spillway worker` or `spillway up`) or "
                                     + HOLD_HINT)]
     have = inventory(nodes)
-    placed = [n for n in nodes if _site_ok(n, spec.sites)]
+    placed = [n for n in nodes if site_allows(n.site, spec.sites)]
     if not placed:
         sites = sorted({n.site for n in nodes})
         return [FieldError("sites", f"no registered node is at {', '.join(spec.sites)}; the "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.model import Allocation, Gpu, Job, Node, NodeState, Resources
-from broker.model.fit import Kind, kind_of, wanted_kinds
+from broker.model.fit import Kind, kind_of, site_allows, wanted_kinds
 from broker.speed import speed_of
 from policies.registry import register
 
@@ -211,7 +211,7 @@ class FreeIndex:
     @staticmethod
     def site_ok(f: _NodeFree, sites: tuple[str, ...]) -> bool:
         """May a job restricted to ``sites`` run on this node's site?"""
-        return f.node.site in sites or (f.node.site != "onprem" and "cloud" in sites)
+        return site_allows(f.node.site, sites)
 
     @staticmethod
     def fits_host(f: _NodeFree, res: Resources, sites: tuple[str, ...]) -> bool:

@@ -17,7 +17,7 @@ strict), the rest of the queue waits in one step; only jobs that need no GPU are
 from __future__ import annotations
 
 from broker.model import Allocation, Job, Reason
-from broker.model.fit import wanted_kinds
+from broker.model.fit import offer_could_hold
 from policies import reasons
 from policies.cycle import Cycle
 from policies.registry import register
@@ -69,13 +69,9 @@ def place_queue(cycle: Cycle) -> None:
 
 
 def _an_offer_holds(cycle: Cycle, job: Job) -> bool:
-    """Could a cloud offer hold the job (one instance a node)? Then it is feasible, even if no
-    live node could: the burst policy decides whether to rent."""
-    offers = cycle.snap.offers
-    if not offers or ("onprem" in job.spec.sites and len(job.spec.sites) == 1):
-        return False
-    kinds = {(o.gpu_model, None) for o in offers if o.gpu_count >= job.res.gpus}
-    return bool(wanted_kinds(job.res, kinds)) or (job.res.gpus == 0)
+    """Could a cloud offer hold the job? Then it is feasible, even if no live node could: the
+    burst policy decides whether to rent."""
+    return offer_could_hold(job.res, job.spec.sites, cycle.snap.offers)
 
 
 def _may_use_reserved(cycle: Cycle, job: Job) -> object:

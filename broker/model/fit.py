@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from broker.gpus import memory_of, type_matches
+from broker.model.cloud import Offer
 from broker.model.node import Gpu, Node, NodeState
 from broker.model.spec import Resources
 
@@ -31,6 +32,21 @@ def wanted_kinds(res: Resources, kinds: Iterable[Kind]) -> list[Kind]:
             continue
         out.append((model, mig))
     return sorted(out)
+
+
+def site_allows(site: str, sites: tuple[str, ...]) -> bool:
+    """May a job restricted to ``sites`` run on a node of ``site``? (Any cloud site counts as
+    ``cloud``.)"""
+    return site in sites or (site != "onprem" and "cloud" in sites)
+
+
+def offer_could_hold(res: Resources, sites: tuple[str, ...], offers: Iterable[Offer]) -> bool:
+    """Could a cloud offer hold the job, one instance a node? (Never for an on-prem-only job.)"""
+    offers = list(offers)
+    if not offers or sites == ("onprem",):
+        return False
+    kinds = {(o.gpu_model, None) for o in offers if o.gpu_count >= res.gpus}
+    return res.gpus == 0 or bool(wanted_kinds(res, kinds))
 
 
 def could_hold(nodes: Iterable[Node], res: Resources) -> bool:

@@ -23,7 +23,7 @@ from broker.cli import app
 from broker.config import Config
 from broker.errors import SpecError
 from broker.model import JobSpec
-from tests.conftest import with_db
+from tests.conftest import flushed_db
 
 pytestmark = pytest.mark.slow
 
@@ -71,14 +71,9 @@ argv = st.lists(tokens, max_size=8)
 
 @pytest.fixture(scope="module")
 def url(redis_url: str) -> Iterator[str]:
-    u = with_db(redis_url, 7)
-    raw = redis.Redis.from_url(u)
-    raw.flushdb()
     try:
-        yield u
+        yield from flushed_db(redis_url, 7)
     finally:
-        raw.flushdb()
-        raw.close()
         print(f"fuzzed: {json.dumps(SEEN)}")
 
 
