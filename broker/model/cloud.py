@@ -243,6 +243,8 @@ class Instance:
     requested_at: float = 0.0
     ready_at: float | None = None  # when it first became READY
     ended_at: float | None = None  # when it reached TERMINATED or FAILED
+    price_per_hour: float = 0.0  # the offer's price when it was launched, whole instance
+    for_jobs: tuple[str, ...] = ()  # the jobs it was launched for (none: by an operator)
     history: tuple[StateChange[InstanceState], ...] = ()
 
     @property
@@ -252,6 +254,16 @@ class Instance:
     @property
     def ended(self) -> bool:
         return self.state in INSTANCE_TERMINAL
+
+    @property
+    def provider(self) -> str:
+        """The provider's configured name: the first part of the offer id."""
+        return self.offer_id.split(":", 1)[0]
+
+    @property
+    def reason(self) -> str:
+        """Why it is in its state now (its last history entry's reason)."""
+        return self.history[-1].reason if self.history else ""
 
     def moved(self, to: InstanceState, now: float, reason: str, **changes: Any) -> Instance:
         """Move to ``to`` along an edge of INSTANCE_TRANSITIONS, recording history and the
@@ -274,6 +286,8 @@ class Instance:
             "requested_at": self.requested_at,
             "ready_at": self.ready_at,
             "ended_at": self.ended_at,
+            "price_per_hour": self.price_per_hour,
+            "for_jobs": list(self.for_jobs),
             "history": [[h.state.value, h.time, h.reason] for h in self.history],
         }
 
@@ -288,6 +302,8 @@ class Instance:
             requested_at=d.get("requested_at", 0.0),
             ready_at=d.get("ready_at"),
             ended_at=d.get("ended_at"),
+            price_per_hour=float(d.get("price_per_hour", 0.0)),
+            for_jobs=tuple(d.get("for_jobs", ())),
             history=tuple(StateChange(InstanceState(s), t, r)
                           for s, t, r in d.get("history", ())),
         )

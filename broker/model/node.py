@@ -84,6 +84,7 @@ class Node:
     state: NodeState = NodeState.READY
     lease_expires: float = 0.0
     incarnation: str = ""  # changes when the agent restarts
+    instance_id: str = ""  # the cloud machine it runs on (its provider id); "" on-prem
     drained_by: str = ""  # who drained it ("" when no one did, or an agent drains itself):
     # an operator's drain outlives the agent's heartbeats, restarts and a DOWN spell
     history: tuple[StateChange[NodeState], ...] = ()  # the moves made through moved()
@@ -108,6 +109,8 @@ class Node:
             "lease_expires": self.lease_expires,
             "incarnation": self.incarnation,
         }
+        if self.instance_id:  # (absent on-prem)
+            out["instance_id"] = self.instance_id
         if self.drained_by:  # (absent when empty, as history)
             out["drained_by"] = self.drained_by
         if self.history:  # absent when empty: records written before it existed stay the same
@@ -127,6 +130,7 @@ class Node:
             state=NodeState(d.get("state", "READY")),
             lease_expires=d.get("lease_expires", 0.0),
             incarnation=d.get("incarnation", ""),
+            instance_id=d.get("instance_id", ""),
             drained_by=d.get("drained_by", ""),
             history=tuple(StateChange(NodeState(s), t, r) for s, t, r in d.get("history", ())),
         )

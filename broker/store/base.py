@@ -21,13 +21,24 @@ from dataclasses import dataclass, replace
 
 from broker.config import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
-from broker.model import HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.model import (
+    HistoryEntry,
+    Instance,
+    InstanceState,
+    Job,
+    JobSpec,
+    Node,
+    NodeState,
+    Reason,
+)
 from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
+from broker.store import instances as _instances
 from broker.store import nodes as _nodes
 from broker.store import reports as _reports
 from broker.store import transitions as T
 from broker.store.events import JobEvent
+from broker.store.instances import Block
 from broker.store.leadership import Leadership
 from broker.store.status import FENCED, OK, RETRIES, VERSION, Usage
 
@@ -144,6 +155,23 @@ class BaseStore(Leadership, ABC):
     @abstractmethod
     def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
                   block_s: float = 0.0) -> list[LogLine]: ...
+
+    @abstractmethod
+    def _load_instances(self, request_ids: Sequence[str] | None = None,
+                        live_only: bool = False) -> list[tuple[Instance, int]]:
+        """Instance records with their versions: these request ids (missing ones left out),
+        or every one (``live_only``: those not ended), oldest request first."""
+
+    @abstractmethod
+    def _cas_instance(self, inst: Instance, expected_version: int) -> str:
+        """Write ``inst`` if its record's version is ``expected_version`` (0: no record yet);
+        fenced like a job write. ``ok``, ``version`` or ``fenced``."""
+
+    @abstractmethod
+    def _put_block(self, block: Block) -> None: ...
+
+    @abstractmethod
+    def _load_blocks(self) -> list[Block]: ...
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -375,8 +403,10 @@ class BaseStore(Leadership, ABC):
         cfg = self.config
         usage, samples, cursor, raw = meta
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
+        instances = tuple(i for i, _ in self._load_instances(None, live_only=True))
         snap = Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
                         usage=self.usage(now, usage), reservation=reservation,
+                        instances=instances,
                         settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
                         min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
         return snap, samples, cursor
@@ -489,3 +519,38 @@ class BaseStore(Leadership, ABC):
     def expire(self, now: float) -> list[Job]:
         """Mark nodes whose lease lapsed DOWN and requeue their jobs."""
         return _nodes.expire(self, now)
+
+    # -- cloud instances (broker/store/instances.py) -------------------------------------------
+
+    def record_instances(self, instances: Sequence[Instance]) -> list[Instance]:
+        """Store new instance records (REQUESTED); a request id already stored is left alone.
+        Returns the records created."""
+        return _instances.record(self, instances)
+
+    def instance(self, request_id: str) -> Instance | None:
+        found = self._load_instances([request_id])
+        return found[0][0] if found else None
+
+    def instances(self, live_only: bool = False) -> list[Instance]:
+        """Every instance record (the ledger), oldest request first; ``live_only``: those
+        not TERMINATED or FAILED."""
+        return [i for i, _ in self._load_instances(None, live_only)]
+
+    def update_instance(self, request_id: str,
+                        fn: Callable[[Instance], Instance | None]) -> Instance | None:
+        """Compare-and-set ``fn``'s change of a record (None from ``fn``: no change)."""
+        return _instances.update(self, request_id, fn)
+
+    def move_instance(self, request_id: str, to: InstanceState, now: float, reason: str,
+                      **changes: object) -> Instance | None:
+        """Move a record along the instance state table (a move it does not allow from the
+        record's current state leaves it unchanged); the record as stored, or None."""
+        return _instances.move(self, request_id, to, now, reason, **changes)
+
+    def block(self, key: str, until: float, reason: str) -> None:
+        """Cool an offer's zone down until ``until`` (keys: instances.block_key)."""
+        self._put_block(Block(key, until, reason))
+
+    def blocks(self, now: float) -> dict[str, Block]:
+        """The zones cooling down at ``now``, by key."""
+        return {b.key: b for b in self._load_blocks() if b.until > now}

@@ -144,3 +144,21 @@ if ARGV[6] ~= '' then
 end
 return 1
 """
+
+# An instance record, compare-and-set on its version.
+# KEYS: 1 inst:{request id}, 2 instances (every request id), 3 instances:live, 4 leader.
+# ARGV: 1 expected version (0: no record yet), 2 doc, 3 score (requested at), 4 request id,
+#       5 live 0/1, 6 the fencing token ("" for none).
+INSTANCE_CAS = """
+if ARGV[6] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[6] then return 'fenced' end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if cur ~= tonumber(ARGV[1]) then return 'version' end
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', cur + 1)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+if ARGV[5] == '1' then
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+else
+  redis.call('ZREM', KEYS[3], ARGV[4])
+end
+return 'ok'
+"""

@@ -10,9 +10,10 @@ from dataclasses import replace
 
 from broker.config import Config
 from broker.errors import StaleAttempt
-from broker.model import BY_AGE, Job, Node, NodeState, Reason
+from broker.model import BY_AGE, Instance, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.instances import Block
 from broker.store.status import BUSY, DEAD, FENCED, OK, VERSION
 from broker.store.transitions import Change
 
@@ -38,6 +39,8 @@ class MemoryStore(BaseStore):
         self._leadership: tuple[str, float] | None = None  # (token, lease end)
         self._epoch = 0
         self._archived: dict[str, bytes] = {}  # job id -> compressed JSON (retention)
+        self._instances: dict[str, tuple[Instance, int]] = {}  # request id -> (record, version)
+        self._blocks: dict[str, Block] = {}
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -69,6 +72,34 @@ class MemoryStore(BaseStore):
 
     def _get_order(self) -> QueueOrder | None:
         return self._queue_order
+
+    def _load_instances(self, request_ids: Sequence[str] | None = None,
+                        live_only: bool = False) -> list[tuple[Instance, int]]:
+        with self._lock:
+            if request_ids is not None:
+                return [self._instances[r] for r in request_ids if r in self._instances]
+            rows = [row for row in self._instances.values()
+                    if not (live_only and row[0].ended)]
+        return sorted(rows, key=lambda row: (row[0].requested_at, row[0].request_id))
+
+    def _cas_instance(self, inst: Instance, expected_version: int) -> str:
+        with self._lock:
+            fence = self.fence_token()
+            if fence is not None and (self._leadership is None or self._leadership[0] != fence):
+                return FENCED
+            cur = self._instances.get(inst.request_id)
+            if (cur[1] if cur else 0) != expected_version:
+                return VERSION
+            self._instances[inst.request_id] = (inst, expected_version + 1)
+            return OK
+
+    def _put_block(self, block: Block) -> None:
+        with self._lock:
+            self._blocks[block.key] = block
+
+    def _load_blocks(self) -> list[Block]:
+        with self._lock:
+            return list(self._blocks.values())
 
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:

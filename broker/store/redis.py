@@ -18,6 +18,11 @@ Layout, every key under ``prefix`` (default ``sw:``)::
                                  than retain_finished_s ago (out of every other key)
     order                 STRING the last cycle's queue: "<time> <count>\n" then the first
                                  ORDER_CAP job ids, space-separated (rewritten each cycle)
+    inst:{request id}     HASH   doc (Instance JSON), version: one rented machine (kept after it
+                                 ended: the ledger of launches and terminations)
+    instances             ZSET   every instance's request id, scored by requested_at
+    instances:live        ZSET   request ids of instances not TERMINATED or FAILED
+    blocks                HASH   "provider:region:zone:type" -> JSON [until, reason]
 
 Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
 in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a
@@ -39,14 +44,16 @@ from redis.exceptions import NoScriptError
 
 from broker.config import Config
 from broker.errors import StaleAttempt
-from broker.model import Job, Node, NodeState, Reason
+from broker.model import Instance, Job, Node, NodeState, Reason
 from broker.state import ACTIVE, JobState
 from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.instances import Block
 from broker.store.lua import (
     ACQUIRE,
     ADD_USAGE,
     APPEND_LOGS,
     COMMIT,
+    INSTANCE_CAS,
     MARK_DOWN,
     PUT_NODE,
     RELEASE,
@@ -109,6 +116,9 @@ class RedisStore(BaseStore):
         self._acquire_script = self.redis.register_script(ACQUIRE)
         self._renew_script = self.redis.register_script(RENEW)
         self._release_script = self.redis.register_script(RELEASE)
+        self._instance_script = self.redis.register_script(INSTANCE_CAS)
+        self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
+        self._k_blocks = f"{p}blocks"
 
     def close(self) -> None:
         """Close the connection pool if this store created the client."""
@@ -529,6 +539,40 @@ class RedisStore(BaseStore):
         head, _, body = _str(raw).partition("\n")
         at, total = head.split()
         return QueueOrder(tuple(body.split()), int(total), float(at))
+
+    # -- cloud instances -----------------------------------------------------------------------
+
+    def _load_instances(self, request_ids: Sequence[str] | None = None,
+                        live_only: bool = False) -> list[tuple[Instance, int]]:
+        if request_ids is None:
+            key = self._k_live if live_only else self._k_instances
+            request_ids = [_str(m) for m in self.redis.zrange(key, 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hmget(f"{self.prefix}inst:{rid}", ["doc", "version"])
+        out = []
+        for doc, version in pipe.execute():
+            if doc is not None:
+                out.append((Instance.from_dict(json.loads(doc)), int(version)))
+        return out
+
+    def _cas_instance(self, inst: Instance, expected_version: int) -> str:
+        doc = json.dumps(inst.to_dict(), separators=(",", ":"))
+        keys = [f"{self.prefix}inst:{inst.request_id}", self._k_instances, self._k_live,
+                self._k_leader]
+        args: list[Any] = [expected_version, doc, repr(float(inst.requested_at)), inst.request_id,
+                int(not inst.ended), self.fence_token() or ""]
+        return _str(self._instance_script(keys, args))
+
+    def _put_block(self, block: Block) -> None:
+        self.redis.hset(self._k_blocks, block.key, json.dumps([block.until, block.reason]))
+
+    def _load_blocks(self) -> list[Block]:
+        out = []
+        for key, raw in self.redis.hgetall(self._k_blocks).items():
+            until, reason = json.loads(raw)
+            out.append(Block(_str(key), float(until), str(reason)))
+        return out
 
     # -- leadership ----------------------------------------------------------------------------
 
