@@ -14,7 +14,7 @@ reserve      a :class:`policies.backfill.Reserver`: what the first blocked job g
              (EASY's reservation, or strict order) and how later jobs may pass it
 evict        a list of :class:`policies.evict.Evictor`: class preemption and quota reclaim,
              scavenger eviction, defragmentation moves, relief, in the configured order
-burst        ``fn(cycle) -> None``: rent cloud capacity (``none`` today)
+burst        ``fn(cycle) -> None``: rent cloud capacity (``sla``, baselines, ``none``)
 defer        ``fn(cycle) -> None``: hold deferrable work for a better window (``none`` today)
 estimate     ``fn(snapshot) -> Callable[[Job], float]``: a job's expected runtime
 ===========  ==========================================================================
@@ -178,7 +178,15 @@ BUNDLES: dict[str, PolicySet] = {
                             name="slurm-like"),
     # expected-slowdown order with fair share, held reservations, predicted runtimes,
     # scavenging, class preemption and quota reclaim, defragmentation and relief
+    # ... and, where the snapshot has cloud offers, bursting what would break its SLA to the
+    # offer that finishes it cheapest (policies/burst.py; nothing changes on-prem)
     "spillway": PolicySet(order="spillway", place="aligned", reserve="easy",
                           evict=("scavenge", "priority", "move", "relief"),
-                          estimate="predictor", name="spillway"),
+                          burst="sla", estimate="predictor", name="spillway"),
 }
+# the burst decisions of today's tools, on spillway's on-prem parts (policies/burst_baselines.py)
+for _name, _burst in (("burst-immediate", "immediate"), ("burst-timer", "timer"),
+                      ("cloud-cheapest", "cloud-cheapest")):
+    BUNDLES[_name] = PolicySet(order="spillway", place="aligned", reserve="easy",
+                               evict=("scavenge", "priority", "move", "relief"),
+                               burst=_burst, estimate="predictor", name=_name)

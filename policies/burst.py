@@ -1,0 +1,290 @@
+"""Burst when the SLA would break, to the offer that finishes the job cheapest (``sla``).
+
+Phase 5 of the cycle. For each job left pending, in queue order, whose class may burst and
+whose ``sites`` allow a cloud:
+
+1. A job that fits an instance still booting (launched by an earlier cycle) waits for it:
+   never two launches for one job.
+2. Its SLA target is its submission (or its return to the queue) plus its class's SLA. Its
+   *decision time* is the target minus the slowest boot of the offers that could hold it minus
+   ``margin_s``: until then it waits (``wake_at`` asks for a cycle then), since on-prem may
+   yet free up and a later decision knows more.
+3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
+   the target, it stays. If on-prem starts it sooner than a boot, it stays
+   (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, it bursts only
+   if the cloud starts it at least ``late_min_gain_s`` sooner.
+4. Otherwise the offer with the lowest expected cost to finish it (policies/offers.py: price x
+   runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
+   and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
+   whose boot fits the target. Jobs bursting in one cycle share an instance when joining one
+   costs less than a new one (the marginal hours it keeps the instance up).
+5. Preempt or burst (a class that may preempt, with evictions planned for it this cycle):
+   ``preempt_or_burst`` 0 keeps the preemption; 1 bursts instead when the cloud costs less
+   than the work the victims lose (``onprem_gpu_hour_usd`` per GPU-hour lost) and drops those
+   evictions; 2 always bursts instead.
+6. A job with a ``deadline``: spot only while the slack (deadline - now - boot - runtime)
+   still covers ``deadline_spot_slack`` x (a restart and a boot); on-demand after.
+
+On a cluster without offers and without instances it returns at once: the plans of on-prem
+clusters are unchanged. Reasons: ``Bursting``, ``BurstNotWorthIt``, ``OverMaxPrice``,
+``NoOffer``, ``ClassMayNotBurst``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.model import Job, Offer, PriorityClass, Reason
+from broker.state import JobState
+from policies.cycle import Cycle
+from policies.forecast import made_room_for, onprem_start
+from policies.offers import (
+    Bin,
+    CostModel,
+    booting_bins,
+    emit,
+    holds,
+    job_share_per_hour,
+    market_allowed,
+    may_burst,
+    region_room,
+    runtime_on,
+    take_booting,
+    waiting_reason,
+)
+from policies.reasons import dur
+from policies.registry import register
+
+SLA_DEFAULTS: dict[str, float] = {
+    "margin_s": 120.0,  # decide this much before the last moment a boot still fits
+    "late_min_gain_s": 3600.0,  # SLA lost anyway: burst only if the cloud is this much sooner
+    "preempt_or_burst": 0.0,  # 0 prefer preemption, 1 the cheaper, 2 prefer bursting
+    "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
+    "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
+    **{k: float(v) for k, v in CostModel().__dict__.items()},
+}
+
+
+@dataclass
+class _Choice:
+    offer: Offer
+    cost: float
+    bin: Bin | None  # an instance this cycle already launches, to share
+
+
+def target_of(job: Job, cls: PriorityClass) -> float:
+    """When the job must start to meet its SLA: its submission (or its latest return to the
+    queue) plus the SLA."""
+    back = job.submitted_at
+    if job.attempt > 1:
+        back = next((h.time for h in reversed(job.history) if h.state is JobState.PENDING),
+                    job.submitted_at)
+    return back + cls.sla_s
+
+
+@register("burst", "sla", settings=SLA_DEFAULTS)
+def sla_burst(cycle: Cycle) -> None:
+    """The policy of the module docstring."""
+    snap = cycle.snap
+    if not snap.offers and not snap.instances:
+        return
+    cfg = cycle.settings("sla")
+    costs = CostModel.of(cfg)
+    booting = booting_bins(cycle, costs.boot_s)
+    room = region_room(cycle)
+    new: list[Bin] = []
+    jobs = {j.id: j for j in cycle.blocked}
+    leaving: set[str] = set()
+    room_for, prefer = made_room_for(cycle), float(cfg["preempt_or_burst"])
+    for pos, job in enumerate(cycle.blocked):
+        cls = may_burst(cycle, job)
+        if cls is None:
+            if _breaks(cycle, job):
+                cycle.pending[job.id] = _not_allowed(cycle, job)
+            continue
+        if job.id in room_for and not prefer:
+            continue  # evictions make room for it on-prem (preempt_or_burst 0)
+        b = take_booting(booting, job, cls)
+        if b is not None:
+            leaving.add(job.id)
+            cycle.pending[job.id] = waiting_reason(b, cycle.now)
+            continue
+        if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
+            leaving.add(job.id)
+    _drop_evictions_for(cycle, leaving)
+    emit(cycle, new, jobs)
+
+
+def _not_allowed(cycle: Cycle, job: Job) -> Reason:
+    cls = cycle.snap.class_by_name.get(job.priority)
+    why = (f"its class {job.priority} may not burst" if cls is None or not cls.may_burst
+           else f"its sites ({', '.join(job.spec.sites)}) keep it off the cloud")
+    return Reason("ClassMayNotBurst", f"its wait breaks the {job.priority} SLA, but {why}")
+
+
+def _breaks(cycle: Cycle, job: Job) -> bool:
+    cls = cycle.snap.class_by_name.get(job.priority)
+    return cls is not None and cycle.now > target_of(job, cls)
+
+
+def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
+            costs: CostModel, room: dict[tuple[str, str], float], new: list[Bin], pos: int,
+            leaving: set[str]) -> bool:
+    """Burst ``job`` now (True: a bin in ``new`` holds it), or leave it with a reason."""
+    now = cycle.now
+    offers = _offers_for(cycle, job, cls)
+    if not offers:
+        if _breaks(cycle, job):
+            cycle.pending[job.id] = Reason("NoOffer", "its SLA is broken and no cloud offer "
+                                                      "available now could hold it")
+        return False
+    target = target_of(job, cls)
+    slowest = max(costs.boot(o) for o in offers)
+    decide_at = target - slowest - float(cfg["margin_s"])
+    if now < decide_at:
+        _wake(cycle, decide_at)
+        return False
+    start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
+    if start <= target and job.id not in made_room_for(cycle):
+        return False  # on-prem meets its SLA
+    evict_cost = _victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
+    if evict_cost is not None and float(cfg["preempt_or_burst"]) == 0.0:
+        return False
+    fastest = min(costs.boot(o) for o in offers)
+    if start <= now + fastest:
+        cycle.pending[job.id] = Reason(
+            "BurstNotWorthIt", f"on-prem is expected to start it in ~{dur(start - now)}, "
+            f"sooner than a cloud machine boots (~{dur(fastest)})")
+        return False
+    if now + fastest > target and start - (now + fastest) < float(cfg["late_min_gain_s"]):
+        cycle.pending[job.id] = Reason(
+            "BurstNotWorthIt", f"its SLA cannot be met any more; the cloud would start it "
+            f"only ~{dur(start - now - fastest)} sooner than on-prem")
+        return False
+    choice = _cheapest(cycle, job, cls, cfg, costs, offers, room, new, target)
+    if choice is None:
+        return False
+    if evict_cost is not None and float(cfg["preempt_or_burst"]) == 1.0 \
+            and choice.cost >= evict_cost:
+        return False  # preempting costs the victims less than the cloud would
+    _book(cycle, job, choice, room, new, start)
+    return True
+
+
+def _offers_for(cycle: Cycle, job: Job, cls: PriorityClass) -> list[Offer]:
+    """The offers that could hold ``job`` on a market it may use (memoised per shape)."""
+    memo: dict[tuple[object, ...], list[Offer]] = cycle.notes.setdefault("burst_offers", {})
+    key = (job.res.key, job.spec.sites, cls.name)
+    out = memo.get(key)
+    if out is None:
+        out = memo[key] = [o for o in cycle.snap.offers
+                           if holds(o, job) and market_allowed(o, job, cls)]
+    return out
+
+
+def _cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
+              costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
+              new: list[Bin], target: float) -> _Choice | None:
+    """The offer (or an instance launched this cycle with room) with the lowest expected cost
+    to finish ``job``, or None with the reason set."""
+    now, limit = cycle.now, job.spec.max_price_per_hour
+    unknown = float(cfg["unknown_runtime_s"])
+    spot_ok = _spot_ok(cycle, job, cfg, costs, offers)
+    cands: list[_Choice] = []
+    over = 0
+    for o in offers:
+        if o.market.value == "spot" and not spot_ok:
+            continue
+        if limit is not None and job_share_per_hour(o, job) > limit:
+            over += 1
+            continue
+        if room.get((o.provider, o.region), math.inf) < o.gpu_count * job.res.nodes:
+            continue
+        if now + costs.boot(o) > target and now < target:
+            continue  # its boot would not fit the SLA while a faster one might
+        run = runtime_on(cycle, job, o.gpu_model, unknown)
+        cands.append(_Choice(o, costs.expected_cost(o, job, run), None))
+    for b in new:  # join an instance this cycle launches: pay only the hours it adds
+        if b.count == 1 and job.res.nodes == 1 and b.free_gpus >= job.res.gpus \
+                and holds(b.offer, job) and market_allowed(b.offer, job, cls, spot_ok) \
+                and (limit is None or job_share_per_hour(b.offer, job) <= limit):
+            run = runtime_on(cycle, job, b.offer.gpu_model, unknown)
+            extra = max(0.0, now + costs.boot(b.offer) + run - b.runs_until)
+            cands.append(_Choice(b.offer, costs.expected_cost(b.offer, job, extra)
+                                 if extra > 0 else 0.0, b))
+    if not cands:
+        cycle.pending[job.id] = Reason(
+            "OverMaxPrice", f"every offer that could hold it costs more than its "
+            f"max_price_per_hour (${limit:g})") if over else Reason(
+            "NoOffer", "no cloud offer within its region quotas boots in time")
+        return None
+    return min(cands, key=lambda c: (c.cost, c.bin is None, c.offer.id))
+
+
+def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
+             offers: list[Offer]) -> bool:
+    """Spot for a job with a deadline only while the slack covers restarts."""
+    if job.spec.deadline is None:
+        return True
+    unknown = float(cfg["unknown_runtime_s"])
+    for o in offers:
+        if o.market.value != "spot":
+            continue
+        run = runtime_on(cycle, job, o.gpu_model, unknown)
+        slack = job.spec.deadline - cycle.now - costs.boot(o) - run
+        if slack >= float(cfg["deadline_spot_slack"]) * (costs.restart_s + costs.boot(o)):
+            return True
+    return False
+
+
+def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float],
+          new: list[Bin], start: float) -> None:
+    now = cycle.now
+    boot = float(c.offer.extra.get("boot_s", cycle.settings("sla")["boot_s"]))
+    run = runtime_on(cycle, job, c.offer.gpu_model, float(cycle.settings("sla")
+                                                          ["unknown_runtime_s"]))
+    b = c.bin
+    if b is None:
+        b = Bin(c.offer, c.offer.gpu_count, now + boot, now + boot, count=job.res.nodes)
+        new.append(b)
+        room[(c.offer.provider, c.offer.region)] = room.get(
+            (c.offer.provider, c.offer.region), math.inf) - c.offer.gpu_count * job.res.nodes
+    b.free_gpus -= job.res.gpus
+    b.runs_until = max(b.runs_until, now + boot + run)
+    b.jobs.append(job.id)
+    when = "never" if not math.isfinite(start) else f"in ~{dur(start - now)}"
+    cycle.pending[job.id] = Reason(
+        "Bursting", f"on-prem start forecast {when} breaks its {job.priority} SLA; renting "
+        f"{c.offer.id} (${c.offer.price_per_hour:g}/h), expected ${c.cost:.2f} to finish it, "
+        f"ready in ~{dur(boot)}")
+
+
+def _victims_cost(cycle: Cycle, job: Job, cfg: Mapping[str, Any]) -> float:
+    """Dollars of on-prem work the evictions planned for ``job`` throw away."""
+    tag = f"preempted by {job.id} ("
+    active = {j.id: j for j in cycle.snap.active}
+    lost = 0.0
+    for p in cycle.evictions:
+        v = active.get(p.job_id)
+        if v is None or not p.reason.startswith(tag):
+            continue
+        elapsed = max(0.0, cycle.now - (v.started_at or cycle.now))
+        held = min(elapsed, p.grace_s) if v.spec.checkpoint_dir else elapsed
+        lost += v.res.total_gpus * held
+    return lost / 3600.0 * float(cfg["onprem_gpu_hour_usd"])
+
+
+def _drop_evictions_for(cycle: Cycle, bursting: set[str]) -> None:
+    """A job that bursts no longer needs the room evictions were making for it."""
+    if not cycle.evictions or not bursting:
+        return
+    cycle.evictions[:] = [p for p in cycle.evictions if not (
+        p.reason.startswith("preempted by ") and p.reason.split()[2] in bursting)]
+
+
+def _wake(cycle: Cycle, at: float) -> None:
+    if cycle.wake_at is None or at < cycle.wake_at:
+        cycle.wake_at = at

@@ -1,0 +1,123 @@
+"""When would a pending job start on-prem? A forecast for the burst phase (policies/burst.py).
+
+A fluid model of the on-prem GPUs a job may use (its wanted kinds on on-prem nodes): the GPUs
+free now (after this cycle's starts) plus those running jobs give back at their expected ends
+(``cycle.end_of``: the predictor's runtimes, overruns included), and those this cycle's
+starts give back. The jobs ahead of it in the queue that compete for the same kinds take
+theirs first, in queue order, each holding them for its own estimate. The reservation
+holder's forecast is its reservation's start. A job for which evictions are planned this
+cycle (a class that may preempt) starts once its victims have stopped (``grace_s``).
+
+Node boundaries are ignored (GPUs of one kind are pooled), which makes the forecast
+optimistic for large jobs on a fragmented cluster; the burst policy keeps a margin for it.
+Cost: one pass over the running jobs and the jobs ahead, per forecast asked (the burst
+policy asks only at a job's decision time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Collection, Iterable
+
+from broker.model import Job
+from policies.cycle import Cycle
+from policies.placement import Kind
+
+
+def onprem_kinds(cycle: Cycle, job: Job) -> frozenset[Kind]:
+    """The on-prem device kinds that could hold ``job``."""
+    wanted = cycle.index.wanted(job.res)
+    return frozenset(wanted) & _onprem_kinds(cycle)
+
+
+def _onprem_kinds(cycle: Cycle) -> frozenset[Kind]:
+    out = cycle.notes.get("onprem_kinds")
+    if out is None:
+        out = cycle.notes["onprem_kinds"] = frozenset(
+            k for n in cycle.snap.nodes if n.site == "onprem"
+            for k in cycle.index.kinds_by_gpu.get(n.id, {}).values())
+    return out  # type: ignore[no-any-return]
+
+
+def _releases(cycle: Cycle) -> list[tuple[float, Kind, int]]:
+    """(expected end, kind, GPUs) of every on-prem GPU held now, soonest first (once a cycle)."""
+    out = cycle.notes.get("onprem_releases")
+    if out is not None:
+        return out  # type: ignore[no-any-return]
+    onprem = {n.id for n in cycle.snap.nodes if n.site == "onprem"}
+    kinds = cycle.index.kinds_by_gpu
+    acc: list[tuple[float, Kind, int]] = []
+    running = [(j.allocations, cycle.end_of(j)) for j in cycle.snap.active]
+    running += [(s.allocations, end) for s, (_, end) in zip(cycle.starts, cycle.started)]
+    for allocs, end in running:
+        for a in allocs:
+            if a.node_id not in onprem:
+                continue
+            per: dict[Kind, int] = {}
+            for gid in a.gpu_ids:
+                k = kinds.get(a.node_id, {}).get(gid)
+                if k is not None:
+                    per[k] = per.get(k, 0) + 1
+            acc.extend((end, k, n) for k, n in per.items())
+    acc.sort(key=lambda r: r[0])
+    cycle.notes["onprem_releases"] = acc
+    return acc
+
+
+def _free_now(cycle: Cycle, kinds: Collection[Kind]) -> int:
+    return sum(len(f.devices.get(k, ())) for f in cycle.index.nodes.values()
+               if f.node.site == "onprem" for k in kinds)
+
+
+def made_room_for(cycle: Cycle) -> frozenset[str]:
+    """Jobs the evictors planned evictions for this cycle (their reason names them)."""
+    memo = cycle.notes.get("made_room_for")
+    if memo is not None and memo[0] == len(cycle.evictions):
+        return memo[1]  # type: ignore[no-any-return]
+    out = frozenset(p.reason.split()[2] for p in cycle.evictions
+                    if p.reason.startswith("preempted by "))
+    cycle.notes["made_room_for"] = (len(cycle.evictions), out)
+    return out
+
+
+def onprem_start(cycle: Cycle, job: Job, ahead: Iterable[Job],
+                 leaving: Collection[str] = ()) -> float:
+    """The forecast on-prem start of ``job`` (see the module docstring); ``ahead``: the jobs
+    before it in the queue; ``leaving``: ids among them that will not run on-prem (bursting).
+    ``math.inf`` when no on-prem GPU could ever hold it, or a job ahead never ends."""
+    sh = cycle.shadow
+    if sh is not None and sh.reservation.job_id == job.id:
+        return max(cycle.now, sh.reservation.start_at)
+    if job.id in made_room_for(cycle):
+        return cycle.now + cycle.snap.grace_s
+    kinds = onprem_kinds(cycle, job)
+    if not kinds:
+        return math.inf
+    need = job.res.total_gpus
+    free = _free_now(cycle, kinds)
+    ends: list[tuple[float, int]] = [(t, n) for t, k, n in _releases(cycle) if k in kinds]
+    heapq.heapify(ends)
+    now = t = cycle.now
+    for other in ahead:
+        if other.id in leaving or not (onprem_kinds(cycle, other) & kinds):
+            continue
+        take = other.res.total_gpus
+        free, t = _advance(free, take, ends, t)
+        if free < take:
+            return math.inf  # a job ahead waits for GPUs that never free up
+        free -= take
+        heapq.heappush(ends, (t + min(cycle.estimate(other), 1e12), take))
+    free, t = _advance(free, need, ends, t)
+    return max(now, t) if free >= need else math.inf
+
+
+def _advance(free: int, need: int, ends: list[tuple[float, int]], t: float
+             ) -> tuple[int, float]:
+    """Take every release due by ``t``, then later ones until ``need`` GPUs are free:
+    (free GPUs, the time then). Fewer than ``need`` when the releases run out."""
+    while ends and (ends[0][0] <= t or free < need):
+        end, n = heapq.heappop(ends)
+        t = max(t, end)
+        free += n
+    return free, t
