@@ -91,6 +91,9 @@ class Config:
     # which the scheduler and the CLI run: the configuration imports nothing from policies)
     fairshare_half_life_s: float = 7 * 86400.0  # decay of past GPU usage (Slurm's default)
     min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
+    onprem_price_per_gpu_hour: float = 0.81  # amortised on-prem $ per GPU-hour, for honest
+    # comparisons with cloud offers (`spillway offers`); its derivation: docs/catalog.md
+    offer_catalog: str = ""  # the offer catalog file (providers/catalog); "": the shipped one
     policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
     policies: Mapping[str, Any] = field(default_factory=dict)  # bundles built here, by name
     providers: Mapping[str, Any] = field(default_factory=dict)  # cloud providers, by name
@@ -137,6 +140,8 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "policy": (str, {"min_length": 1}, "a policy name"),
     "fairshare_half_life_s": (float, {"gt": 0}, "seconds > 0"),
     "min_runtime_s": (float, {"ge": 0}, "seconds >= 0"),
+    "onprem_price_per_gpu_hour": (float, {"ge": 0}, "dollars per GPU-hour >= 0"),
+    "offer_catalog": (str, {}, "a catalog file (empty: the shipped catalog)"),
 }
 _SCALARS = tuple(_RULES)
 #: Every key a configuration file may have, in the order they are listed.
