@@ -113,13 +113,22 @@ class AwsProvider:
 
     def offers(self, request: Resources) -> list[Offer]:
         """The catalog's AWS offers for ``request`` in the configured regions (and in the
-        request's regions, if it names any), labelled with this provider's name."""
+        request's regions, if it names any), labelled with this provider's name. Where
+        ``subnets`` are configured, only their zones are offered, and a regional offer becomes
+        one offer per zone with a subnet (a machine lands in one zone: its site names it)."""
         wanted = set(self.regions)
         if request.regions:
             wanted &= set(request.regions)
-        found = self._offer_source().offers(self.kind, request)
-        return [o if o.provider == self.name else replace(o, provider=self.name)
-                for o in found if o.region in wanted]
+        out: list[Offer] = []
+        for o in self._offer_source().offers(self.kind, request):
+            if o.region not in wanted:
+                continue
+            zones = [o.zone] if o.zone else [""]
+            if self.subnets:
+                zones = [z for z in self.subnets if z == o.zone
+                         or (not o.zone and z.startswith(o.region))]
+            out += [replace(o, provider=self.name, zone=z) for z in zones]
+        return out
 
     def _offer_source(self) -> OfferSource:
         if self._catalog is None or isinstance(self._catalog, str):

@@ -298,6 +298,15 @@ def test_offers_are_the_catalogs_in_configured_regions() -> None:
     assert cat.asked == ["aws"]
     assert [o.region for o in p.offers(Resources(regions=("us-west-2",)))] == ["us-west-2"]
     assert p.offers(Resources(gpu_count=8)) == []
+    # with subnets, only their zones: a regional offer becomes one per zone with a subnet
+    regional = offer(Market.ONDEMAND, zone="")
+    p = AwsProvider("aws", "tcat", ["us-east-1"], image=AMI, catalog=ListCatalog(
+        [regional, offer(zone="us-east-1a"), offer(zone="us-east-1d")]),
+        subnets={"us-east-1a": "subnet-a", "us-east-1b": "subnet-b"})
+    assert [o.id for o in p.offers(Resources())] == [
+        "aws:us-east-1:us-east-1a:ondemand/g5.xlarge",
+        "aws:us-east-1:us-east-1b:ondemand/g5.xlarge",
+        "aws:us-east-1:us-east-1a:spot/g5.xlarge"]
 
 
 @pytest.mark.parametrize(("settings", "says"), [
@@ -331,3 +340,13 @@ def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "boto3", None)
     with pytest.raises(MissingExtra, match=r"pip install 'spillway\[aws\]'"):
         make_provider("aws", {"regions": ["us-east-1"]}, "tmiss")
+
+
+def test_offers_from_the_shipped_catalog() -> None:
+    p = AwsProvider("aws", "tship", ["us-east-1"], image=AMI)
+    found = p.offers(Resources(gpu_count=8, gpu_model="V100"))
+    assert found, "the shipped catalog has 8 x V100 offers in us-east-1"
+    assert {(o.provider, o.region) for o in found} == {("aws", "us-east-1")}
+    assert all(o.gpu_count >= 8 and o.gpu_model.startswith("V100") for o in found)
+    assert {o.market for o in found} == {Market.SPOT, Market.ONDEMAND}
+    assert all(o.zone for o in found if o.market is Market.SPOT)  # spot prices are zonal
