@@ -37,9 +37,10 @@ from broker.config import Config
 from broker.errors import JobNotFound, StaleAttempt, StoreUnreachable
 from broker.model import Allocation, Job, Node, NodeState
 from broker.reach import wait_for_redis
-from broker.state import ACTIVE, JobState
+from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store.base import BaseStore
 from broker.store.events import Exited, JobEvent, Started
+from workers.interruptions import make_watcher
 from workers.isolation import Keeper, detect
 from workers.procs import kill_leftovers
 from workers.runner import Key, RunningPart, Supervisor
@@ -68,6 +69,8 @@ class Agent:
         self._done: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self._unreported: dict[Key, Exited] = {}
         self.draining = False
+        self._drain_kind = EvictionKind.PRIORITY  # what a drain's evictions are recorded as
+        self._drain_reason = f"Node {node.id} draining"
         self._quit = threading.Event()
         self._beat_thread: threading.Thread | None = None
 
@@ -120,19 +123,23 @@ class Agent:
         self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
         metrics.agent_metrics().beat()
 
-    def drain(self, timeout: float | None = None) -> bool:
+    def drain(self, timeout: float | None = None, kind: EvictionKind = EvictionKind.PRIORITY,
+              reason: str | None = None) -> bool:
         """Stop taking jobs; preempt the local ones with the grace period and those placed here
-        but not started (all are requeued); wait for them to end. True when everything ended
-        and was reported."""
+        but not started (all are requeued; ``kind``: the eviction recorded, ``spot`` on an
+        interruption notice); wait for them to end. True when everything ended and was
+        reported."""
         with self._lock:
             self.draining = True
+            self._drain_kind, self._drain_reason = kind, reason or self._drain_reason
             self.node = replace(self.node, state=NodeState.DRAINING)
         self._safe(self.heartbeat)
-        now, reason = time.time(), f"Node {self.node_id} draining"
+        now, reason = time.time(), self._drain_reason
         with self._lock:
             local = list(self._local.values())
         for part in local:
-            self._safe(functools.partial(self._preempt, part.job_id, part.attempt, now, reason))
+            self._safe(functools.partial(self._preempt, part.job_id, part.attempt, now, reason,
+                                         self._drain_kind))
             with self._lock:
                 self._stopping.add(part.key)
             self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
@@ -181,8 +188,8 @@ class Agent:
             for alloc in self._missing_parts(job, attempt):
                 key = (job.id, attempt, alloc.rank)
                 if job.state is not JobState.STOPPING and self.draining:
-                    job = self._preempt(job.id, attempt, time.time(),
-                                        f"Node {self.node_id} draining") or job
+                    job = self._preempt(job.id, attempt, time.time(), self._drain_reason,
+                                        self._drain_kind) or job
                 if job.state is JobState.STOPPING:
                     self._report_exit(key, Exited(alloc.rank, 143, "Cancelled before start"))
                 elif not self.draining:
@@ -256,10 +263,11 @@ class Agent:
                 and (job.id, attempt, a.rank) not in self._local
                 and (job.id, attempt, a.rank) not in self._done]
 
-    def _preempt(self, job_id: str, attempt: int, now: float, reason: str) -> Job | None:
+    def _preempt(self, job_id: str, attempt: int, now: float, reason: str,
+                 kind: EvictionKind = EvictionKind.PRIORITY) -> Job | None:
         """STOPPING with target PREEMPTED; the parts on other nodes are told to stop."""
         try:
-            job = self.store.preempt(job_id, attempt, now, reason)
+            job = self.store.preempt(job_id, attempt, now, reason, kind)
         except (StaleAttempt, JobNotFound):
             return None
         others = tuple(a for a in job.allocations if a.node_id != self.node_id)
@@ -442,6 +450,11 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     agent = Agent(store, config, node, work_dir,
                   trigger=lambda: commands.trigger_cycle(control),
                   send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
+    try:
+        watcher = make_watcher(agent)  # spot interruption notices (workers/interruptions.py)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     keeper = Keeper(agent.isolation)  # kills the jobs if this process dies, even by SIGKILL
     if config.agent_metrics_port:
         metrics.agent_metrics().count_running(lambda: len(agent._local))
@@ -450,6 +463,8 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         set_node_handler(agent)
         if not agent.register(give_up=stop_requested):
             return 0  # stopped before the node was registered: nothing to drain
+        if watcher is not None:
+            watcher.start()
         if not stop_requested.is_set():
             _run_celery_worker(celery, node_queue(node_id), node_id)
         log.info("node %s draining: %d job part(s) get %.0fs to end", node_id,
@@ -464,6 +479,8 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         return 0
     finally:
         set_node_handler(None)
+        if watcher is not None:
+            watcher.stop()
         agent.close()
         keeper.stop()
         control.close()
