@@ -3,7 +3,9 @@
 Safe to run twice on the same Plan: the store skips starts whose job already moved on, so a
 start command is only sent for what this call actually changed.
 
-Launches and terminations go on the ``provision`` queue. A cluster with no cloud provider
+Launches are first recorded in the store as REQUESTED instances, one per machine (under the
+leader's fencing token, idempotent by request id: a Plan applied twice records them once),
+then sent on the ``provision`` queue, as terminations are. A cluster with no cloud provider
 configured (no ``providers:`` in its config) cannot carry them out: a Plan that asks for them
 is refused whole, before anything is written, rather than applied without them.
 """
@@ -15,8 +17,10 @@ import time
 from broker import commands
 from broker.config import Config
 from broker.errors import ConfigError
-from broker.plan import Applied, Plan
+from broker.model import Instance
+from broker.plan import Applied, Launch, Plan
 from broker.runtime import Runtime
+from broker.store.instances import request_ids
 
 
 class NoProvisioner(ConfigError):
@@ -57,8 +61,22 @@ def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     for job in applied.stopping:  # each with the grace its preemption asked for
         commands.stop_jobs(rt.celery, [job], grace.get(job.id, rt.config.grace_s))
     for launch in plan.launches:
-        commands.launch(rt.celery, launch.offer_id, launch.count, launch.request_id,
-                        launch.for_jobs)
+        request_launch(rt, launch)
     for term in plan.terminations:
         commands.terminate(rt.celery, term.instance_ids, term.reason)
     return applied
+
+
+def request_launch(rt: Runtime, launch: Launch, now: float | None = None) -> list[Instance]:
+    """Record the launch's machines as REQUESTED instances (those not recorded yet), then send
+    the launch on the ``provision`` queue. Returns the records this call created."""
+    now = time.time() if now is None else now
+    price = next((o.price_per_hour for o in rt.store.offers(now, include_blocked=True)
+                  if o.id == launch.offer_id), 0.0)
+    created = rt.store.record_instances([
+        Instance(rid, launch.offer_id, requested_at=now, price_per_hour=price,
+                 for_jobs=tuple(launch.for_jobs))
+        for rid in request_ids(launch.request_id, launch.count)])
+    commands.launch(rt.celery, launch.offer_id, launch.count, launch.request_id,
+                    launch.for_jobs)
+    return created

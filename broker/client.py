@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -117,6 +117,9 @@ class NodeView:
     cpus: float = 0.0
     memory_gb: float = 0.0
     labels: Mapping[str, str] = field(default_factory=dict)
+    instance_id: str = ""  # the cloud machine it runs on ("" on-prem)
+    price_per_hour: float | None = None  # that machine's price (None: on-prem or unknown)
+    instance_age_s: float | None = None  # since that machine was requested
 
     @property
     def total(self) -> int:
@@ -133,6 +136,9 @@ class NodeView:
             "jobs": list(self.jobs), "lease_age_s": round(self.lease_age_s, 3),
             "lease_left_s": round(self.lease_left_s, 3), "cpus": self.cpus,
             "memory_gb": self.memory_gb, "labels": dict(self.labels),
+            **({"instance_id": self.instance_id, "price_per_hour": self.price_per_hour,
+                "instance_age_s": None if self.instance_age_s is None
+                else round(self.instance_age_s, 3)} if self.instance_id else {}),
         }
 
 
@@ -270,9 +276,9 @@ class Client:
             raise SpecError(problems)
 
     def _offers(self) -> tuple[Offer, ...]:
-        """The cloud offers a job could be rented on (none is configured yet: no provider
-        lists its offers to the client)."""
-        return ()
+        """The cloud offers a job could be rented on: those the provisioner published (cooling
+        zones included: they come back)."""
+        return tuple(self.store.offers(time.time(), include_blocked=True))
 
     def submit(self, spec: JobSpec | Mapping[str, Any] | None = None, *,
                hold_if_infeasible: bool | None = None, **fields: Any) -> Job:
@@ -438,7 +444,15 @@ class Client:
         now = time.time()
         nodes = self.store.nodes()
         held = self.store.allocations([n.id for n in nodes])
-        return [_node_view(n, held.get(n.id, {}), now, self.config.lease_ttl_s) for n in nodes]
+        views = [_node_view(n, held.get(n.id, {}), now, self.config.lease_ttl_s) for n in nodes]
+        if not any(n.instance_id for n in nodes):
+            return views
+        rented = {i.provider_id: i for i in self.store.instances() if i.provider_id}
+        return [replace(v, instance_id=n.instance_id,
+                        price_per_hour=rented[n.instance_id].price_per_hour,
+                        instance_age_s=now - rented[n.instance_id].requested_at)
+                if n.instance_id in rented else replace(v, instance_id=n.instance_id)
+                for v, n in zip(views, nodes)]
 
 
 def _kind(gpu: Any) -> str:

@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
 )
 
+from broker.cloud_settings import parse_providers
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
 
@@ -96,8 +97,10 @@ class Config:
     offer_catalog: str = ""  # the offer catalog file (providers/catalog); "": the shipped one
     policy_settings: Mapping[str, Any] = field(default_factory=dict)  # per-policy knobs
     policies: Mapping[str, Any] = field(default_factory=dict)  # bundles built here, by name
-    providers: Mapping[str, Any] = field(default_factory=dict)  # cloud providers, by name
-    # (broker/actuator.py: none configured, a plan's cloud work is refused)
+    providers: Mapping[str, Any] = field(default_factory=dict)  # cloud providers, by name:
+    # broker.cloud_settings.ProviderSettings (none configured: a plan's cloud work is refused)
+    cluster_name: str = "spillway"  # tags every cloud machine; machines tagged with it and
+    # unknown to the store are reaped as orphans, so clusters sharing an account differ
     extra: Mapping[str, Any] = field(default_factory=dict)  # unused: an unknown key is an error
 
     def team(self, name: str) -> Team:
@@ -142,6 +145,9 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "min_runtime_s": (float, {"ge": 0}, "seconds >= 0"),
     "onprem_price_per_gpu_hour": (float, {"ge": 0}, "dollars per GPU-hour >= 0"),
     "offer_catalog": (str, {}, "a catalog file (empty: the shipped catalog)"),
+    "cluster_name": (str, {"pattern": r"^[a-z][a-z0-9_-]{0,62}$"},
+                     "a lower-case letter, then lower-case letters, digits, '-' or '_' (at "
+                     "most 63 characters: every cloud's tags can hold it)"),
 }
 _SCALARS = tuple(_RULES)
 #: Every key a configuration file may have, in the order they are listed.
@@ -150,7 +156,8 @@ CONFIG_KEYS = tuple(f.name for f in fields(Config) if f.name != "extra")
 _OTHER_VARS = frozenset({"SPILLWAY_CONFIG", "SPILLWAY_DEFAULTS", "SPILLWAY_AGENT",
                          "SPILLWAY_JOB_ID", "SPILLWAY_NODE_ID", "SPILLWAY_NODE_RANK",
                          "SPILLWAY_NUM_NODES", "SPILLWAY_ATTEMPT", "SPILLWAY_RESUME",
-                         "SPILLWAY_CHECKPOINT_DIR", "SPILLWAY_SCRATCH_DIR"})
+                         "SPILLWAY_CHECKPOINT_DIR", "SPILLWAY_SCRATCH_DIR",
+                         "SPILLWAY_INSTANCE_ID", "SPILLWAY_METADATA_URL"})
 
 
 def _misspelt(var: str) -> bool:
@@ -352,6 +359,8 @@ def load_config(
             changes["classes"] = parse_classes(changes["classes"])
         if "teams" in changes:
             changes["teams"] = parse_teams(changes["teams"])
+        if "providers" in changes:
+            changes["providers"] = parse_providers(changes["providers"])
         cfg = replace(cfg, **changes)
         if "policy_settings" in changes and not isinstance(cfg.policy_settings, Mapping):
             raise ConfigError("config policy_settings: must be a mapping of policy name to its "

@@ -172,8 +172,11 @@ class Leader:
         return max(self.reachable_since, self.rt.store.store_started_at(time.time()))
 
 
-def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNING") -> int:
-    """Run the scheduler until SIGTERM or SIGINT. Returns the exit code."""
+def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNING",
+                  provisioner: bool = True) -> int:
+    """Run the scheduler until SIGTERM or SIGINT. Returns the exit code. With cloud providers
+    configured and ``provisioner``, it also consumes the ``provision`` queue and runs the
+    machines' lifecycle while it leads (broker/provision_tasks.py)."""
     from broker.config import Config
     from broker.runtime import init_runtime
 
@@ -198,6 +201,17 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
         log.error("%s. The scheduler exits; redis_retry_s in the configuration (or "
                   "SPILLWAY_REDIS_RETRY_S) sets how long it waits (0: forever)", e)
         return 1
-    # blpop waits at most cycle_s, so a stop is seen within that
-    leader.run()
+    service = None
+    if provisioner and config.providers:
+        from broker.provision_tasks import ProvisionService
+        from broker.provisioner import Provisioner
+
+        service = ProvisionService(Provisioner(rt),
+                                   should_reconcile=lambda: leader.token is not None)
+        service.start()
+    try:  # blpop waits at most cycle_s, so a stop is seen within that
+        leader.run()
+    finally:
+        if service is not None:
+            service.stop()
     return 0

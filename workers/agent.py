@@ -401,7 +401,7 @@ def _split_owner(owner: str) -> tuple[str, int]:
 
 
 def make_node(node_id: str, gpus: list[Any], cpus: float | None, memory_gb: float | None,
-              labels: dict[str, str] | None, site: str) -> Node:
+              labels: dict[str, str] | None, site: str, instance_id: str = "") -> Node:
     if memory_gb is None:
         import psutil
 
@@ -409,14 +409,14 @@ def make_node(node_id: str, gpus: list[Any], cpus: float | None, memory_gb: floa
     return Node(node_id, tuple(gpus), site=site, hostname=socket.gethostname(),
                 cpus=float(cpus if cpus is not None else os.cpu_count() or 1),
                 memory_gb=float(memory_gb), labels=dict(labels or {}),
-                state=NodeState.READY, incarnation=uuid.uuid4().hex)
+                state=NodeState.READY, incarnation=uuid.uuid4().hex, instance_id=instance_id)
 
 
 def run_agent(redis_url: str, config: Config, node_id: str | None = None,
               gpus: str | None = None, inventory: str | None = None,
               cpus: float | None = None, memory_gb: float | None = None,
               labels: dict[str, str] | None = None, site: str = "onprem",
-              work_dir: str | None = None) -> int:
+              work_dir: str | None = None, instance_id: str = "") -> int:
     """Run a worker agent until SIGTERM or SIGINT; then drain and return the exit code."""
     import redis
 
@@ -435,7 +435,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         return 2
     log.info("node %s: %d GPU devices: %s", node_id, len(found),
              ", ".join(f"{g.id} ({g.mig_profile or g.model})" for g in found) or "none")
-    node = make_node(node_id, found, cpus, memory_gb, labels, site)
+    node = make_node(node_id, found, cpus, memory_gb, labels, site, instance_id)
     try:  # one line per attempt while Redis does not answer; exit 1 after redis_retry_s
         if not wait_for_redis(redis_url, config.redis_retry_s, stop_requested, "worker", log):
             return 0  # stopped (SIGTERM, SIGINT) while waiting: nothing ran yet

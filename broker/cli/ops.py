@@ -152,8 +152,11 @@ def scheduler(
     ctx: typer.Context,
     loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
                         ] = "WARNING",
+    no_provisioner: Annotated[bool, Opt("--no-provisioner", help="Leave cloud launches to a "
+                                        "`spillway provisioner` process.")] = False,
 ) -> None:
-    """Run the scheduler: scheduling cycles and the reconciler.
+    """Run the scheduler: scheduling cycles and the reconciler (and, with cloud providers
+    configured, the provisioner: launches, terminations, the machines' lifecycle).
 
     Run one or several: one leads (a lease in Redis, renewed while it works; its fencing
     token guards every write), the others take over within the lease if it dies.
@@ -165,7 +168,8 @@ def scheduler(
     c = s.config
     err.print(f"spillway scheduler on {redacted(url)}: cycle every {c.cycle_s:g}s and on "
               f"triggers, reconcile every {c.reconcile_s:g}s, leader lease {c.leader_lease_s:g}s")
-    raise typer.Exit(run_scheduler(url, c, loglevel=loglevel))
+    raise typer.Exit(run_scheduler(url, c, loglevel=loglevel,
+                                   provisioner=not no_provisioner))
 
 
 @app.command()
@@ -189,6 +193,9 @@ def worker(
                     ] = "onprem",
     work_dir: Annotated[Path | None, Opt("--work-dir", help="Where job directories and "
                                                             "agent state go.")] = None,
+    instance_id: Annotated[str, Opt("--instance-id", envvar="SPILLWAY_INSTANCE_ID",
+                                    help="The cloud machine this host is (its provider id); "
+                                         "set by the machine's boot script.")] = "",
     loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
                         ] = "INFO",
 ) -> None:
@@ -205,7 +212,7 @@ def worker(
     code = run_agent(s.url(), s.config, node_id=node_id, gpus=gpus,
                      inventory=str(inventory) if inventory else None, cpus=cpus,
                      memory_gb=memory, labels=parse_pairs(label, "label") or None, site=site,
-                     work_dir=str(work_dir) if work_dir else None)
+                     work_dir=str(work_dir) if work_dir else None, instance_id=instance_id)
     raise typer.Exit(int(code or 0))
 
 

@@ -244,13 +244,25 @@ def explanation_panel(e: Explanation) -> Group:
 
 
 def nodes_table(nodes: Sequence[NodeView]) -> Table:
+    """One row a node; with cloud nodes, their market, price, instance id and age too."""
+    cloud = any(n.instance_id for n in nodes)
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "CPUS", "JOBS", "HEARTBEAT"):
+    cols = ["NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "CPUS", "JOBS", "HEARTBEAT"]
+    if cloud:
+        cols += ["MARKET", "$/H", "INSTANCE", "AGE"]
+    for col in cols:
         table.add_column(col, no_wrap=col != "JOBS")
     for n in nodes:
         style = {"READY": "green", "DRAINING": "yellow"}.get(n.state, "red")
         gpus = ", ".join(f"{n.gpus_free.get(k, 0)}/{c} {k}" for k, c in n.gpus_total.items())
         jobs = ", ".join(n.jobs) if n.jobs else "-"
-        table.add_row(escape(n.id), Text(n.state, style=style), n.site, gpus or "-",
-                      f"{n.cpus:g}", jobs, f"{fmt_duration(n.lease_age_s)} ago")
+        row: list[str | Text] = [escape(n.id), Text(n.state, style=style), n.site,
+                                 gpus or "-", f"{n.cpus:g}", jobs,
+                                 f"{fmt_duration(n.lease_age_s)} ago"]
+        if cloud:
+            market = n.site.rsplit(":", 1)[-1] if n.site != "onprem" else "-"
+            price = "-" if n.price_per_hour is None else f"{n.price_per_hour:.2f}"
+            row += [market, price, escape(n.instance_id or "-"),
+                    fmt_duration(n.instance_age_s) if n.instance_age_s is not None else "-"]
+        table.add_row(*row)
     return table

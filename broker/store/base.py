@@ -29,7 +29,9 @@ from broker.model import (
     JobSpec,
     Node,
     NodeState,
+    Offer,
     Reason,
+    Site,
 )
 from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
@@ -169,6 +171,13 @@ class BaseStore(Leadership, ABC):
 
     @abstractmethod
     def _put_block(self, block: Block) -> None: ...
+
+    @abstractmethod
+    def _put_offers(self, doc: str) -> None:
+        """Replace the published offers (one JSON document: the provisioner's, with a time)."""
+
+    @abstractmethod
+    def _get_offers(self) -> str | None: ...
 
     @abstractmethod
     def _load_blocks(self) -> list[Block]: ...
@@ -404,9 +413,11 @@ class BaseStore(Leadership, ABC):
         usage, samples, cursor, raw = meta
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
         instances = tuple(i for i, _ in self._load_instances(None, live_only=True))
+        offers = self.offers(now) if cfg.providers else []
+        sites = tuple(dict.fromkeys([Site(), *(o.site for o in offers)])) if offers else ()
         snap = Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
                         usage=self.usage(now, usage), reservation=reservation,
-                        instances=instances,
+                        instances=instances, offers=tuple(offers), sites=sites,
                         settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
                         min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
         return snap, samples, cursor
@@ -554,3 +565,18 @@ class BaseStore(Leadership, ABC):
     def blocks(self, now: float) -> dict[str, Block]:
         """The zones cooling down at ``now``, by key."""
         return {b.key: b for b in self._load_blocks() if b.until > now}
+
+    def publish_offers(self, offers: Sequence[Offer], now: float) -> None:
+        """Replace the offers the provisioner could rent now (its providers' offers; the
+        scheduler reads them here: cloud credentials stay with the provisioner)."""
+        self._put_offers(_instances.offers_doc(offers, now))
+
+    def offers(self, now: float, include_blocked: bool = False) -> list[Offer]:
+        """The published offers, less those whose zone cools down at ``now``."""
+        raw = self._get_offers()
+        offers = _instances.offers_from(raw) if raw else []
+        if include_blocked or not offers:
+            return offers
+        blocked = self.blocks(now)
+        return [o for o in offers if _instances.block_key(
+            o.provider, o.region, o.zone, o.instance_type) not in blocked]

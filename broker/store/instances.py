@@ -10,12 +10,13 @@ compare-and-set on the record's version (and fenced like job writes when a leade
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import Conflict, Fenced, InvalidTransition
-from broker.model import Instance, InstanceState, Site
+from broker.model import Instance, InstanceState, Market, Offer, Site
 from broker.store.status import FENCED, OK, RETRIES, VERSION
 
 if TYPE_CHECKING:
@@ -108,3 +109,27 @@ def move(store: BaseStore, request_id: str, to: InstanceState, now: float, reaso
 
 def _plain(changes: Mapping[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()}
+
+
+_OFFER_FIELDS = ("provider", "region", "zone", "instance_type", "gpu_model", "gpu_count",
+                 "gpu_memory_gb", "market", "price_per_hour", "carbon_zone")
+
+
+def offers_doc(offers: Sequence[Offer], now: float) -> str:
+    """Offers as one JSON document (``extra`` kept where JSON can hold it)."""
+    rows = []
+    for o in offers:
+        row = {k: getattr(o, k) for k in _OFFER_FIELDS}
+        row["market"] = o.market.value
+        row["extra"] = dict(o.extra)
+        rows.append(row)
+    return json.dumps({"at": now, "offers": rows}, default=str, separators=(",", ":"))
+
+
+def offers_from(doc: str) -> list[Offer]:
+    out = []
+    for row in json.loads(doc).get("offers", []):
+        row = dict(row)
+        row["market"] = Market(row["market"])
+        out.append(Offer(**row))
+    return out

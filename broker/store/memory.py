@@ -41,6 +41,7 @@ class MemoryStore(BaseStore):
         self._archived: dict[str, bytes] = {}  # job id -> compressed JSON (retention)
         self._instances: dict[str, tuple[Instance, int]] = {}  # request id -> (record, version)
         self._blocks: dict[str, Block] = {}
+        self._offers_doc: str | None = None
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -100,6 +101,12 @@ class MemoryStore(BaseStore):
     def _load_blocks(self) -> list[Block]:
         with self._lock:
             return list(self._blocks.values())
+
+    def _put_offers(self, doc: str) -> None:
+        self._offers_doc = doc
+
+    def _get_offers(self) -> str | None:
+        return self._offers_doc
 
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:

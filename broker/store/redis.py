@@ -23,6 +23,7 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     instances             ZSET   every instance's request id, scored by requested_at
     instances:live        ZSET   request ids of instances not TERMINATED or FAILED
     blocks                HASH   "provider:region:zone:type" -> JSON [until, reason]
+    offers                STRING JSON of the offers the provisioner could rent, with a time
 
 Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
 in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a
@@ -566,6 +567,13 @@ class RedisStore(BaseStore):
 
     def _put_block(self, block: Block) -> None:
         self.redis.hset(self._k_blocks, block.key, json.dumps([block.until, block.reason]))
+
+    def _put_offers(self, doc: str) -> None:
+        self.redis.set(f"{self.prefix}offers", doc)
+
+    def _get_offers(self) -> str | None:
+        raw = self.redis.get(f"{self.prefix}offers")
+        return None if raw is None else _str(raw)
 
     def _load_blocks(self) -> list[Block]:
         out = []

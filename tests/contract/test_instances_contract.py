@@ -112,3 +112,18 @@ def test_blocks_expire(store: BaseStore) -> None:
     store.block(key, 600.0, "boot timeout")
     assert store.blocks(550.0)[key].until == 600.0
     assert store.blocks(600.0) == {}
+
+
+def test_published_offers_less_blocked_zones(store: BaseStore) -> None:
+    from broker.model import Market, Offer
+
+    a = Offer("local", "home", "home-a", "t1", "A100-80GB", 2, 80.0, Market.ONDEMAND, 4.0,
+              extra={"gpus": "2xA100-80GB"})
+    b = Offer("local", "home", "home-b", "t1", "A100-80GB", 2, 80.0, Market.SPOT, 1.5)
+    store.publish_offers([a, b], 100.0)
+    assert store.offers(100.0) == [a, b]
+    assert store.offers(100.0)[0].extra["gpus"] == "2xA100-80GB"
+    store.block(block_key_of(a.id), 200.0, "stockout")
+    assert store.offers(150.0) == [b]
+    assert store.offers(150.0, include_blocked=True) == [a, b]
+    assert store.offers(200.0) == [a, b]

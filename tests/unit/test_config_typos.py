@@ -104,7 +104,9 @@ def test_good_values_and_other_spillway_variables_pass(tmp_path: Path) -> None:
                     "SPILLWAY_LEASE_TTL_S": "9"})
     assert (cfg.grace_s, cfg.metrics_port, cfg.redis_url, cfg.max_attempts) == (0.0, 0, None, 3)
     assert cfg.lease_ttl_s == 9.0 and isinstance(cfg.max_attempts, int)
-    assert cfg.providers == {"aws": {"regions": ["us-east-1"]}} and cfg.extra == {}
+    aws = cfg.providers["aws"]  # (checked: broker/cloud_settings.py)
+    assert (aws.kind, dict(aws.options), aws.boot_timeout_s) == ("aws", {"regions": ["us-east-1"]},
+                                                                 600.0) and cfg.extra == {}
     assert load_config(env={}).providers == {}
 
 

@@ -1,0 +1,138 @@
+"""Cloud machines on the real system with the ``local`` provider: a Redis server, a scheduler
+process (which runs the provisioner), and agents that are real processes started as "machines".
+
+Round trip: a launch through the provisioner -> the machine boots -> its agent registers with
+the cloud site and its instance id -> a job allowed on the cloud runs there with the machine's
+GPUs in CUDA_VISIBLE_DEVICES -> the node goes idle -> it is drained and the machine terminated;
+nothing tagged with the test's cluster is left. Also: a repeated launch message starts no
+second machine; a machine launched by a provisioner that died before recording it is found by
+its request id (no orphan), and a machine nobody asked for is reaped as an orphan.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from celery import Celery
+
+from broker import commands
+from broker.app import configure
+from broker.model import Instance, InstanceState
+from broker.state import JobState
+from providers.local import LocalProvider
+from providers.userdata import render
+from tests.integration.harness import running, wait_until, with_db
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+I = InstanceState  # noqa: E741
+SITE = "local:home:home-a:ondemand"
+OFFER = f"{SITE}/local-2xa100-80gb"
+
+
+def _config(tmp: Path, cluster: str) -> Path:
+    cfg = tmp / "config.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "cluster_name": cluster,
+        "providers": {"local": {"gpus": "2xA100-80GB", "cpus": 4, "memory_gb": 8,
+                                "price_per_hour": 3.0, "boot_delay_s": 0.5,
+                                "state_dir": str(tmp / "cloud"), "boot_timeout_s": 60,
+                                "idle_timeout_s": 2, "stop_timeout_s": 5}},
+    }))
+    return cfg
+
+
+def _instance(c: object, rid: str) -> Instance:
+    inst = c.store.instance(rid)  # type: ignore[attr-defined]
+    assert inst is not None
+    return inst
+
+
+def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
+    url = with_db(redis_url, 11)
+    cluster = "t" + uuid.uuid4().hex[:8]
+    cfg = _config(tmp_path, cluster)
+    provider = LocalProvider("local", cluster, state_dir=str(tmp_path / "cloud"))
+    counts = {"launched": 0, "orphans_found": 0, "orphans_reaped": 0, "jobs_lost": 0}
+    try:
+        with running(url, tmp_path) as c:
+            c.env["SPILLWAY_CONFIG"] = str(cfg)
+            c.start_scheduler()
+            wait_until(lambda: c.store.offers(time.time()), 30, "the offers to be published")
+            assert [o.id for o in c.store.offers(time.time())] == [OFFER]
+
+            # a launch through the provisioner (the operator command), then the same message
+            # again: one machine
+            done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url,
+                                   "launch", OFFER], env=c.env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            rid = done.stdout.split()[0]
+            celery = configure(Celery("test-cloud"), url)
+            commands.launch(celery, OFFER, 1, rid)
+            ready = wait_until(lambda: (i := _instance(c, rid)).state is I.READY and i,
+                               60, "the machine's agent to register")
+            counts["launched"] += 1
+            node = next(n for n in c.store.nodes() if n.instance_id == ready.provider_id)
+            assert node.site == SITE and node.id == ready.node_id
+            assert ready.price_per_hour == 3.0
+            commands.launch(celery, OFFER, 1, rid)  # a late repeat, once it runs: ignored
+
+            # a job allowed on the cloud runs there, with the machine's GPUs
+            job = c.client.submit(command='echo "CVD=$CUDA_VISIBLE_DEVICES"', gpus=2,
+                                  sites=["cloud"], name="on-the-cloud")
+            finished = c.client.wait(job.id, timeout=60)
+            assert finished.state is JobState.SUCCEEDED, finished.history
+            alloc = finished.allocations[0]
+            assert alloc.node_id == node.id
+            lines = [ln.text for ln in c.client.logs(job.id)]
+            assert f"CVD={','.join(alloc.gpu_ids)}" in lines
+
+            # idle past idle_timeout_s: drained, then terminated
+            gone = wait_until(lambda: (i := _instance(c, rid)).state is I.TERMINATED and i,
+                              60, "the idle machine to be released")
+            assert [h.state for h in gone.history] == [I.BOOTING, I.READY, I.DRAINING,
+                                                       I.TERMINATED]
+            assert len([m for m in provider.instances().values()
+                        if m.request_id == rid]) == 0
+            assert len(list((tmp_path / "cloud" / cluster).glob("*.json"))) == 0
+
+            # a provisioner that died between the provider's launch and the record: the
+            # request id in the machine's tags finds it; it is adopted, not an orphan
+            lost = "lost-" + uuid.uuid4().hex[:6]
+            c.store.record_instances([Instance(lost, OFFER, requested_at=time.time())])
+            offer = c.store.offers(time.time())[0]
+            provider.launch(offer, 1, lost, render(offer, "local", url, lost, "",
+                                                   f"{sys.executable} -m broker.cli"))
+            counts["launched"] += 1
+            adopted = wait_until(lambda: (i := _instance(c, lost)).state is I.READY and i,
+                                 60, "the unrecorded machine to be found and to register")
+            assert adopted.history[0].reason.startswith("found by its request id")
+
+            # a machine nobody asked for, tagged with this cluster: reaped
+            stray = "stray-" + uuid.uuid4().hex[:6]
+            provider.launch(offer, 1, stray, render(offer, "local", url, stray, "",
+                                                    f"{sys.executable} -m broker.cli"))
+            counts["launched"] += 1
+            counts["orphans_found"] += 1
+            wait_until(lambda: not any(m.request_id == stray
+                                       for m in provider.instances().values()),
+                       60, "the orphan to be reaped")
+            counts["orphans_reaped"] += 1
+            wait_until(lambda: _instance(c, lost).state is I.TERMINATED, 60,
+                       "the adopted machine to be released when idle")
+            counts["jobs_lost"] = sum(j.state is not JobState.SUCCEEDED
+                                      for j in c.client.list())
+            assert counts["jobs_lost"] == 0
+            assert "orphan" in c.logs_of("scheduler")
+    finally:
+        left = [m for m in provider.instances().values() if m.state is not I.TERMINATED]
+        provider.terminate(list(provider.instances()))
+        print("cloud counts:", counts)
+    assert left == [], f"machines left tagged with cluster {cluster}: {left}"
