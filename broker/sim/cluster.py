@@ -17,6 +17,7 @@
       - {name: vision, weight: 2, quota_gpus: 8}
     policies:                      # optional: bundles built of registered policies, by name
       backfill-only: {order: multifactor, reserve: easy, evict: []}
+    cloud: {sites: [...]}          # optional: cloud sites to burst to (broker/sim/cloud.py)
     settings:                      # optional; checked by policies/settings.py
       spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
       fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
@@ -52,11 +53,12 @@ from broker.config import (
 )
 from broker.errors import ConfigError
 from broker.model import Gpu, Node, NodeState
+from broker.sim.cloud import CloudSpec, parse_cloud
 from policies.registry import PolicySet
 from policies.settings import check_bundles, check_settings
 from workers.discovery import inventory_from_data, static_inventory
 
-TOP_KEYS = ("name", "nodes", "classes", "teams", "policies", "settings")
+TOP_KEYS = ("name", "nodes", "classes", "teams", "policies", "settings", "cloud")
 NODE_KEYS = ("prefix", "count", "gpus", "cpus", "memory_gb", "labels")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_COUNT = 10_000
@@ -70,6 +72,7 @@ class Cluster:
     teams: tuple[Team, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
     policies: Mapping[str, PolicySet] = field(default_factory=dict)  # bundles it builds
+    cloud: CloudSpec | None = None  # cloud sites it may rent from (broker/sim/cloud.py)
 
     @property
     def capacity_gpus(self) -> int:
@@ -125,11 +128,12 @@ def load_cluster(path: str | Path) -> Cluster:
         raise ConfigError(f"cannot read cluster file {p}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"cluster file {p} is not valid YAML: {e}") from None
-    return cluster_from_data(data, source=str(p), default_name=p.name.split(".")[0])
+    return cluster_from_data(data, source=str(p), default_name=p.name.split(".")[0],
+                             base=p.parent)
 
 
-def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "cluster"
-                      ) -> Cluster:
+def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "cluster",
+                      base: Path | None = None) -> Cluster:
     """Build a Cluster from parsed YAML (``source`` names it in error messages)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping with a 'nodes' list")
@@ -165,8 +169,10 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
     settings = check_settings(data.get("settings") or {}, f"{source}: settings",
                               classes=[c.name for c in classes], cluster=True)
     bundles = check_bundles(data.get("policies"), f"{source}: policies")
+    cloud = parse_cloud(data.get("cloud"), f"{source}: cloud", base)
     return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
-                   settings=MappingProxyType(settings), policies=MappingProxyType(bundles))
+                   settings=MappingProxyType(settings), policies=MappingProxyType(bundles),
+                   cloud=cloud)
 
 
 def _node_group(item: Any, where: str) -> list[Node]:

@@ -30,6 +30,7 @@ from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
 from broker.scheduler import run_cycle
+from broker.sim.cloudrun import CloudRun
 from broker.sim.cluster import Cluster
 from broker.sim.invariants import InvariantChecker
 from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
@@ -41,6 +42,7 @@ from broker.store.memory import MemoryStore
 from policies.registry import PolicySet
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
+# (cloud instances' events, broker/sim/cloudrun.py, are kinds 4 and up)
 _LEASE = 1e15
 PROGRESS_EVERY_S = 0.25  # at most this often, a progress callback is told how far the run is
 _CHECK_EVERY = 64  # instants between two looks at the wall clock
@@ -73,13 +75,14 @@ class _Run:
     rate: float  # work (trace seconds) done per second on these GPUs
     killed: bool  # ends at its time limit, not on its own
     gpus: int
+    nodes: tuple[str, ...] = ()
 
 
 class Simulation:
     def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
                  *, config: Config | None = None, stop_delay_s: float = 30.0,
                  check_invariants: bool = True, progress: ProgressFn | None = None,
-                 progress_every_s: float = PROGRESS_EVERY_S) -> None:
+                 progress_every_s: float = PROGRESS_EVERY_S, seed: int = 0) -> None:
         self.cluster, self.trace = cluster, trace
         self.progress, self.progress_every_s = progress, progress_every_s
         self.arrived = 0
@@ -120,6 +123,9 @@ class Simulation:
         self.queued_jobs = 0
         self.queued_gpus = 0
         self.cycles = 0
+        self.cloud_busy = 0  # GPUs busy on cloud nodes (not in the on-prem samples)
+        self.cloud: CloudRun | None = CloudRun(self, cluster.cloud, seed) \
+            if cluster.cloud is not None else None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -131,7 +137,8 @@ class Simulation:
         return JobSpec(command=["sim", tj.id], name=tj.name, gpus=tj.gpus, nodes=tj.nodes,
                        gpu_types=(tj.gpu_type,) if tj.gpu_type else (), cpus=0.0,
                        priority=tj.priority, team=tj.team, time_limit=tj.time_limit_s,
-                       checkpoint_dir="/checkpoints", sites=("onprem",))
+                       checkpoint_dir="/checkpoints",
+                       sites=self.cloud.sites_of(tj.priority) if self.cloud else ("onprem",))
 
     def _load(self) -> None:
         for node in self.cluster.nodes:
@@ -181,8 +188,10 @@ class Simulation:
                 elif kind == STOP:
                     self._stopped(job_id, attempt, now)
                     self._stuck = False
-                else:
+                elif kind == WAKE:
                     woken = True
+                elif self.cloud is not None:
+                    woken = self.cloud.event(kind, job_id, now) or woken
             if arrivals:
                 self._arrive(arrivals, now)
             if woken and self._wake <= now:
@@ -190,7 +199,8 @@ class Simulation:
             # relief acts for the reservation holder, which an arrival outranks only when
             # there is none (spillway's order keeps the holder first; urgent arrivals may
             # preempt, and run a cycle anyway)
-            self._cycle(now, woken or (self.relief and bool(arrivals) and not self._holder))
+            self._cycle(now, woken or (self.relief and bool(arrivals) and not self._holder)
+                        or (self.cloud is not None and bool(arrivals)))
         wall = time.perf_counter() - t0
         if tell is not None:
             last = self.samples[-1].t if self.samples else 0.0
@@ -198,6 +208,8 @@ class Simulation:
                           self.trace.origin, done=True))
         from broker.sim.metrics import compute_metrics
 
+        extra = self.cloud.metrics(self.samples[-1].t if self.samples else 0.0) \
+            if self.cloud is not None else {}
         result = SimResult(self.policy.name, self.cluster.capacity_gpus,
                            list(self.records.values()), self.samples,
                            meta={"trace": self.trace.name, "cluster": self.cluster.name,
@@ -205,7 +217,7 @@ class Simulation:
                                  "notes": list(self.trace.notes), "cycles": self.cycles})
         violations = self.checker.violations if self.checker else []
         result.metrics = compute_metrics(result, wall, len(violations), extra={
-            "invariant_examples": violations[:10]})
+            **extra, "invariant_examples": violations[:10]})
         return result
 
     def _arrive(self, job_ids: list[str], now: float) -> None:
@@ -229,14 +241,18 @@ class Simulation:
             self._sample(now)
             return
         snap = self.snapshots.build(now)
+        if self.cloud is not None:
+            snap = self.cloud.dress(snap, now)
         plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
-        if plan.launches or plan.terminations:  # refused, not dropped: no cloud here yet
+        if (plan.launches or plan.terminations) and self.cloud is None:  # refused, not dropped
             raise ConfigError(
                 f"policy {self.policy.name!r} planned {len(plan.launches)} launch(es) and "
                 f"{len(plan.terminations)} termination(s), but this simulation has no cloud "
                 "provisioner: give the cluster cloud sites, or choose a burst policy of none")
         self.cycles += 1
         applied = self.store.apply(plan, now)
+        if self.cloud is not None:
+            self.cloud.carry_out(plan, now)
         for job in applied.started:
             self._started(job, now)
         for job in applied.stopping:
@@ -262,7 +278,10 @@ class Simulation:
         limit = tj.time_limit_s
         killed = need > limit
         end = now + (limit if killed else need)
-        self.runs[job.id] = _Run(job.attempt, now, end, rate, killed, job.res.total_gpus)
+        self.runs[job.id] = _Run(job.attempt, now, end, rate, killed, job.res.total_gpus,
+                                 job.node_ids)
+        if self.cloud is not None:
+            self.cloud.moved(self.runs[job.id], +1, now)
         self._push(end, END, job.id, job.attempt)
         rec = self.records[job.id]
         if rec.first_start_s is None:
@@ -289,6 +308,8 @@ class Simulation:
         if self.checker is not None:
             self.checker.check_finished(now, job)
         self.busy -= run.gpus
+        if self.cloud is not None:
+            self.cloud.moved(run, -1, now)
         rec = self.records[job_id]
         rec.end_s = now
         self.work_left[job_id] = 0.0
@@ -306,6 +327,8 @@ class Simulation:
         for a in job.allocations:
             self.store.report(job_id, attempt, Exited(a.rank, 0, STOPPED), now)
         self.busy -= run.gpus
+        if self.cloud is not None:
+            self.cloud.moved(run, -1, now)
         rec = self.records[job_id]
         rec.preemptions += 1
         kind = stop.kind if stop is not None else None
@@ -317,7 +340,7 @@ class Simulation:
         self.preemptors += self._can_preempt(self.trace_jobs[job_id])
 
     def _sample(self, now: float) -> None:
-        s = Sample(now, self.busy, self.queued_jobs, self.queued_gpus)
+        s = Sample(now, self.busy - self.cloud_busy, self.queued_jobs, self.queued_gpus)
         if self.samples and self.samples[-1].t == now:
             self.samples[-1] = s
         elif not self.samples or (self.samples[-1].busy_gpus, self.samples[-1].queued_jobs,

@@ -92,7 +92,7 @@ def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str,
          progress: ProgressFn | None = None) -> SimResult:
     cluster, trace, meta = prepared
     result = Simulation(cluster, trace, bundle(policy, cluster.policies),
-                        check_invariants=req.check, progress=progress).run()
+                        check_invariants=req.check, progress=progress, seed=req.seed).run()
     result.meta = {**result.meta, **meta, "trace_origin": trace.origin,
                    "last_submit_s": trace.jobs[-1].submit_s if trace.jobs else 0.0}
     result.metrics["meta"] = result.meta

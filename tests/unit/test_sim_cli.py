@@ -119,7 +119,7 @@ def test_shipped_clusters_are_the_examples() -> None:
     from broker.sim.cluster import SHIPPED_DIR, shipped_clusters
 
     examples = sorted(p.name for p in (REPO / "examples" / "clusters").glob("*.yaml"))
-    assert [f"{n}.yaml" for n in shipped_clusters()] == examples
+    assert sorted(f"{n}.yaml" for n in shipped_clusters()) == examples
     for name in examples:
         assert (SHIPPED_DIR / name).read_bytes() == (REPO / "examples/clusters" / name).read_bytes()
     assert '"data/clusters/*.yaml"' in (REPO / "pyproject.toml").read_text()

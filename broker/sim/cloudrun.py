@@ -1,0 +1,152 @@
+"""The simulator's side of the clouds: launches become instances that boot after their delay,
+register as nodes, run jobs, get interrupted and are released when idle.
+
+A launch in a plan starts its instances (broker/sim/cloud.py :class:`Clouds`). At its boot
+time an instance's node heartbeats into the store, exactly as an agent on a real instance
+would (its site is the offer's, e.g. ``aws:us-east-1:us-east-1a:spot``), and the cycle places
+jobs on it as on any node. A spot instance whose zone loses its spot capacity gets the
+provider's notice: its node drains, its jobs are stopped with the notice as their grace
+(eviction kind ``spot``), checkpoint and go back to the queue; at the end of the notice it is
+gone. A node idle for ``idle_timeout_s`` is released. Cost runs from the launch to the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from broker.model import InstanceState, NodeState
+from broker.plan import Plan, Snapshot
+from broker.sim.cloud import Clouds, CloudSpec, SimInstance
+from broker.state import EvictionKind, JobState
+
+if TYPE_CHECKING:
+    from broker.sim.engine import Simulation, _Run
+
+BOOT, NOTICE, GONE, IDLE = 4, 5, 6, 7  # event kinds (after the engine's own)
+_LEASE = 1e15
+
+
+class CloudRun:
+    def __init__(self, sim: Simulation, spec: CloudSpec, seed: int) -> None:
+        self.sim, self.spec = sim, spec
+        self.clouds = Clouds(spec, seed)
+        self.by_node: dict[str, SimInstance] = {}
+        self.live: set[str] = set()  # nodes that take jobs (counted in sim.devices)
+        self.jobs_lost = 0  # jobs on an instance when it went away (must stay 0)
+        classes = {c.name: c for c in sim.cluster.classes}
+        self._sites = {n: ("onprem", "cloud") if c.may_burst else ("onprem",)
+                       for n, c in classes.items()}
+
+    def sites_of(self, priority: str) -> tuple[str, ...]:
+        """A simulated job's ``sites``: the cloud too when its class may burst."""
+        return self._sites.get(priority, ("onprem",))
+
+    def dress(self, snap: Snapshot, now: float) -> Snapshot:
+        """The snapshot with the offers and the instances of the run."""
+        return replace(snap, offers=self.clouds.offers(now), instances=self.clouds.records())
+
+    def carry_out(self, plan: Plan, now: float) -> None:
+        for launch in plan.launches:
+            for inst in self.clouds.launch(launch, now):
+                self.sim._push(inst.ready_at, BOOT, inst.record.id)
+        for term in plan.terminations:
+            for pid in term.instance_ids:
+                held = self.clouds.instances.get(pid)
+                if held is not None and held.busy == 0:
+                    self._release(held, now, term.reason)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def event(self, kind: int, pid: str, now: float) -> bool:
+        """Handle one cloud event; True when a cycle should run now."""
+        inst = self.clouds.instances.get(pid)
+        if inst is None or inst.record.ended:
+            return False
+        if kind == BOOT:
+            return self._boot(pid, now)
+        if kind == NOTICE:
+            return self._notice(inst, now)
+        if kind == GONE:
+            self._release(inst, now, "spot interruption: the provider took it back")
+            return True
+        if kind == IDLE and inst.busy == 0 and inst.node is not None \
+                and now - inst.idle_since >= self.spec.idle_timeout_s - 1e-6:
+            self._release(inst, now, f"idle for {self.spec.idle_timeout_s:g}s")
+        return False
+
+    def _boot(self, pid: str, now: float) -> bool:
+        inst = self.clouds.boot(pid, now)
+        if inst is None or inst.node is None:
+            return False
+        node = inst.node
+        self.sim.store.heartbeat(node, _LEASE, now)
+        self.sim.node_by_id[node.id] = node
+        self.by_node[node.id] = inst
+        self.live.add(node.id)
+        self.sim.devices += len(node.allocatable)
+        self.sim._push(now + self.spec.idle_timeout_s, IDLE, pid)
+        down = self.clouds.next_interruption(inst, now)
+        if math.isfinite(down):
+            self.sim._push(max(now, down), NOTICE, pid)
+        return True
+
+    def _notice(self, inst: SimInstance, now: float) -> bool:
+        """The provider's interruption notice: drain, stop its jobs (they checkpoint)."""
+        node = inst.node
+        if node is None or inst.record.state is not InstanceState.READY:
+            return False
+        self.clouds.interruptions += 1
+        notice = inst.site.notice_s
+        store = self.sim.store
+        store.set_node_state(node.id, NodeState.DRAINING, by="spot")
+        self._unlive(node.id)
+        inst.record = inst.record.moved(InstanceState.DRAINING, now, "spot interruption notice")
+        holders = {v.split(":")[0] for v in store.allocations([node.id]).get(node.id, {}).values()}
+        grace = min(self.sim.stop_delay_s, max(1.0, notice / 2))
+        for job_id in sorted(holders):
+            job = store.get(job_id)
+            if job.state is not JobState.RUNNING:
+                continue
+            store.preempt(job_id, job.attempt, now, f"spot interruption of {inst.record.id}",
+                          EvictionKind.SPOT)
+            self.sim._push(now + grace, 2, job_id, job.attempt)  # the engine's STOP
+        self.sim._push(now + notice, GONE, inst.record.id)
+        return True
+
+    def _release(self, inst: SimInstance, now: float, reason: str) -> None:
+        node = inst.node
+        self.clouds.end(inst, now, reason)
+        if node is not None:
+            self._unlive(node.id)
+            self.sim.store.heartbeat(node, 0.0, now)
+            lost = self.sim.store.expire(now)
+            self.jobs_lost += len(lost)
+
+    def _unlive(self, node_id: str) -> None:
+        if node_id in self.live:
+            self.live.discard(node_id)
+            self.sim.devices -= len(self.sim.node_by_id[node_id].allocatable)
+
+    # -- jobs on cloud nodes --------------------------------------------------------------
+
+    def moved(self, run: _Run, sign: int, now: float) -> None:
+        """A job started (+1) on or left (-1) its nodes; idle nodes get a release check."""
+        per = run.gpus // max(1, len(run.nodes))
+        for nid in run.nodes:
+            inst = self.by_node.get(nid)
+            if inst is None:
+                continue
+            self.sim.cloud_busy += sign * per
+            self.clouds.job_moved(inst, sign * per, now)
+            if inst.busy == 0 and not inst.record.ended:
+                self.sim._push(now + self.spec.idle_timeout_s, IDLE, inst.record.id)
+
+    def metrics(self, horizon: float) -> dict[str, Any]:
+        for inst in self.clouds.instances.values():  # close the books at the horizon
+            if not inst.record.ended and inst.record.state is not InstanceState.REQUESTED:
+                self.clouds.job_moved(inst, 0, horizon)
+        out = self.clouds.metrics(horizon)
+        out["jobs_lost"] = self.jobs_lost
+        return out
