@@ -1,0 +1,172 @@
+"""A fidelity run: one trace window, time-scaled by K, on the real system and in the
+simulator, with the same configuration and seed; their metrics side by side.
+
+Order: the ideal simulator first (no delays; it also says how long the real run may take),
+then the real system, then the simulator again with the delays measured in the real run
+(:class:`~broker.sim.latency.Latencies`). Both worlds are cut at the same horizon: the moment
+the real run stopped (every job had started, or it gave up). ``real`` and ``sim`` (the
+simulator with the delays) are compared; ``sim_ideal`` shows what the delays are worth.
+Cloud sites: not yet (a cluster with cloud sites is refused; the hook is
+:func:`_refuse_cloud`, where the local provider will start their agents).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from broker.config import Config
+from broker.errors import ConfigError
+from broker.fidelity.compare import relative_diff, result_of, world
+from broker.fidelity.diverge import per_job
+from broker.fidelity.real import RealResult, RealRun, refuse_custom
+from broker.fidelity.scale import check_k, scale_cluster, scale_trace
+from broker.model import JobSpec
+from broker.model.fit import could_hold
+from broker.sim.cluster import Cluster
+from broker.sim.latency import Latencies, LatencySimulation
+from broker.sim.run import SimRequest, prepare
+from broker.sim.types import SimResult, Trace
+from broker.state import JobState
+from policies.registry import bundle
+
+CHECKPOINT_SHARE = 0.5  # an evicted job takes this share of grace_s to checkpoint and exit
+
+
+@dataclass(frozen=True)
+class FidelityRequest:
+    sim: SimRequest  # the window, the load and the seed, as `spillway simulate` takes them
+    time_scale: float
+    workdir: Path | None = None  # None: a temporary directory, removed afterwards
+    give_up_factor: float = 3.0  # the real run stops at this x the ideal last start, at most
+
+
+def _refuse_cloud(cluster: Cluster) -> None:
+    """The hook for cloud sites: once the local provider runs them, start their agents here."""
+    if getattr(cluster, "cloud", None) is not None:
+        raise ConfigError("--cluster: this cluster has cloud sites; the fidelity run covers "
+                          "on-prem nodes only for now: use a cluster file without them")
+
+
+def _feasible(cluster: Cluster, trace: Trace) -> Trace:
+    keep = tuple(j for j in trace.jobs if could_hold(cluster.nodes, JobSpec(
+        command=["x"], gpus=j.gpus, nodes=j.nodes, cpus=0.0,
+        gpu_types=(j.gpu_type,) if j.gpu_type else ()).resources))
+    return replace(trace, jobs=keep)
+
+
+def _sim(cluster: Cluster, trace: Trace, policy: str, lat: Latencies, stop_s: float
+         ) -> LatencySimulation:
+    s = LatencySimulation(cluster, trace, bundle(policy, cluster.policies), latencies=lat,
+                          stop_delay_s=stop_s, config=Config())
+    s.run()
+    return s
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def measure(res: RealResult, checkpoint_s: float, cycle_s: float,
+            at_once: set[str]) -> Latencies:
+    """The real system's delays (real seconds), from the histories of the real run.
+    ``at_once``: the jobs the ideal simulator started the instant they arrived; their real
+    wait for a decision is the cycle's reaction time."""
+    dispatch, end, stop, react = [], [], [], []
+    for trace_id, job in res.jobs.items():
+        h = job.history
+        for a, b in itertools.pairwise(h):
+            if a.state is JobState.STARTING and b.state is JobState.RUNNING:
+                dispatch.append(b.time - a.time)
+            if a.state is JobState.STOPPING and b.state is JobState.PREEMPTED:
+                stop.append(b.time - a.time - checkpoint_s)
+        if trace_id in at_once and len(h) > 1 and h[1].state is JobState.STARTING:
+            react.append(h[1].time - h[0].time)
+        if job.state is JobState.SUCCEEDED and job.attempt == 1 and job.started_at:
+            work = float(job.spec.command[2]) if isinstance(job.spec.command, list) else 0.0
+            end.append((job.finished_at or 0.0) - job.started_at - work)
+    return Latencies(cycle_s=max(0.0, _median(react)), dispatch_s=max(0.0, _median(dispatch)),
+                     end_s=max(0.0, _median(end)), stop_s=max(0.0, _median(stop)),
+                     period_s=cycle_s)
+
+
+def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: None
+                 ) -> tuple[dict[str, Any], list[SimResult]]:
+    """The comparison (the JSON ``--json`` writes) and the three worlds as simulator results
+    (real, sim, sim-ideal: what ``--report`` draws)."""
+    k = check_k(req.time_scale)
+    if len(req.sim.policies) != 1:
+        raise ConfigError("--policy: give one policy (run the command once per policy)")
+    policy = req.sim.policies[0]
+    cluster, trace, meta = prepare(req.sim)  # the same window and load as `simulate`
+    _refuse_cloud(cluster)
+    refuse_custom(policy, cluster)
+    trace = _feasible(cluster, trace)
+    sc, st = scale_cluster(cluster, k), scale_trace(trace, k)
+    checkpoint_s = min(30.0 / k, float(sc.settings["grace_s"])) * CHECKPOINT_SHARE
+    ideal = _sim(sc, st, policy, Latencies(), checkpoint_s)
+    last = max((r.first_start_s or 0.0 for r in ideal.records.values()), default=0.0)
+    give_up = max(last, st.jobs[-1].submit_s if st.jobs else 0.0) * req.give_up_factor + 20.0
+    say(f"{policy}: {len(st.jobs)} jobs on {len(cluster.nodes)} agents at K={k:g}: the real "
+        f"run takes about {last:.0f} s (gives up after {give_up:.0f} s)")
+    with tempfile.TemporaryDirectory(prefix="spillway-fidelity-") as tmp:
+        workdir = req.workdir or Path(tmp)
+        real = RealRun(sc, st, policy, workdir, checkpoint_s, say)
+        t_start = time.monotonic()
+        try:
+            real.start()
+            say(f"{policy}: {len(cluster.nodes)} agents up in "
+                f"{time.monotonic() - t_start:.0f} s; replaying")
+            res = real.run(list(st.jobs), give_up)
+        finally:
+            real.stop()
+    at_once = {i for i, r in ideal.records.items() if r.first_start_s == r.submit_s}
+    lat = measure(res, checkpoint_s, Config().cycle_s, at_once)
+    model = _sim(sc, st, policy, lat, checkpoint_s)
+    horizon = (res.stopped_at - res.t0) * k
+    sla = {c.name: c.sla_s for c in cluster.classes}
+    real_w = world(res.jobs, trace.jobs, sla, res.t0, k, horizon)
+    sim_w = world({i: model.store.get(i) for i in model.trace_jobs}, trace.jobs, sla, 0.0, k,
+                  horizon)
+    ideal_w = world({i: ideal.store.get(i) for i in ideal.trace_jobs}, trace.jobs, sla, 0.0,
+                    k, horizon)
+    meta = {**meta, "policy": policy, "horizon_s": round(horizon, 1),
+            "real_all_started": res.all_started}
+    cap = cluster.capacity_gpus
+    results = [result_of(real_w, f"{policy} real", cap, meta),
+               result_of(sim_w, f"{policy} sim", cap, meta),
+               result_of(ideal_w, f"{policy} sim-ideal", cap, meta)]
+    m_real, m_sim, m_ideal = (r.metrics for r in results)
+    near = (lat.cycle_s + lat.dispatch_s + lat.end_s) * k * 3
+    jobs = per_job(real_w.views, sim_w.views, near)
+    lags = sorted(res.submit_lag_s)
+    load = {**res.load, "dispatch_latency_s": _lat_dist(res),
+            "submit_lag_s": {"p50": round(_median(lags), 4),
+                             "max": round(lags[-1], 4) if lags else None}}
+    return {
+        "policy": policy, "jobs": len(st.jobs), "agents": len(cluster.nodes),
+        "time_scale": k, "horizon_s": round(horizon, 1), "real_all_started": res.all_started,
+        "real": m_real, "sim": m_sim, "diff": relative_diff(m_real, m_sim),
+        "sim_ideal": m_ideal, "diff_ideal": relative_diff(m_real, m_ideal),
+        "start_rank_correlation": jobs["start_rank_correlation"],
+        "latencies_real_s": lat.as_dict(), "latencies_trace_s": lat.times(k).as_dict(),
+        "per_job": {key: v for key, v in jobs.items() if key != "rows"},
+        "job_rows": jobs["rows"], "load": load,
+    }, results
+
+
+def _lat_dist(res: RealResult) -> dict[str, Any]:
+    """Cycle decision (STARTING) -> process running (RUNNING), real seconds, every attempt."""
+    from broker.sim.metrics import percentile
+
+    xs = sorted(b.time - a.time for j in res.jobs.values()
+                for a, b in zip(j.history, j.history[1:])
+                if a.state is JobState.STARTING and b.state is JobState.RUNNING)
+    return {"n": len(xs), **{f"p{p}": None if not xs else round(percentile(xs, p) or 0.0, 4)
+                             for p in (50, 95, 99)}}

@@ -1,0 +1,114 @@
+"""The real system's delays, as an opt-in model for the simulator.
+
+The ideal simulator (:class:`~broker.sim.engine.Simulation`) runs a cycle at the very instant
+of every event, starts a job's process the instant the cycle decides, and frees its GPUs the
+instant the process exits. The real system does none of that: a cycle runs after the event
+has reached the scheduler (and after the cycle already running), a start travels as a Celery
+message to the node's agent, which forks the process and reports it, and an exit travels back
+the same way. :class:`Latencies` names each of these delays; :class:`LatencySimulation` is the
+simulator with them. Every delay defaults to 0, which is the ideal simulator exactly:
+``spillway simulate`` never uses this module; ``spillway fidelity`` measures the delays on the
+real system and feeds them in (docs/fidelity.md has the measured values).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from broker.errors import ConfigError
+from broker.model import Job
+from broker.sim.cluster import Cluster
+from broker.sim.engine import END, WAKE, Simulation
+from broker.sim.types import Trace
+from broker.state import JobState
+from policies.registry import PolicySet
+
+_CYCLE = "~cycle"  # the id of a delayed cycle's wake-up event (a plan's wake-up has "")
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Delays of the real system, in seconds of the simulated clock (0: none, the default).
+
+    ``cycle_s``: an event (an arrival, a job's end) -> the cycle that sees it; events that
+    arrive meanwhile are seen by the same cycle. ``dispatch_s``: the cycle's decision -> the
+    job's process runs (its GPUs are held meanwhile; its wait ends when it runs).
+    ``end_s``: the process exits -> its GPUs are free. ``stop_s``: added to the time an
+    evicted job takes to checkpoint and exit (SIGTERM -> its exit is known).
+    ``period_s``: the scheduler's periodic cycle: a plan's wake-up (``Plan.wake_at``) is served
+    at the next multiple of it, since the real scheduler does not wake for it (0: at once)."""
+
+    cycle_s: float = 0.0
+    dispatch_s: float = 0.0
+    end_s: float = 0.0
+    stop_s: float = 0.0
+    period_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"latency {f.name}: {value!r} is not allowed; use seconds "
+                                  ">= 0 (0: none)")
+
+    @property
+    def off(self) -> bool:
+        return not any(getattr(self, f.name) for f in fields(self))
+
+    def times(self, k: float) -> Latencies:
+        """Every delay multiplied by ``k`` (real seconds -> trace seconds at time scale k)."""
+        return replace(self, **{f.name: getattr(self, f.name) * k for f in fields(self)})
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: round(getattr(self, f.name), 6) for f in fields(self)}
+
+
+class LatencySimulation(Simulation):
+    """The simulator with :class:`Latencies`. With every delay 0 it is the ideal simulator."""
+
+    def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
+                 *, latencies: Latencies = Latencies(), **kw: Any) -> None:
+        super().__init__(cluster, trace, policy, **kw)
+        self.lat = latencies
+        self.stop_delay_s += latencies.stop_s
+        self._due: float | None = None  # when the delayed cycle runs
+        self._plan_wakes: set[float] = set()
+
+    def _push(self, t: float, kind: int, job_id: str, attempt: int = 0) -> None:
+        if kind == WAKE and job_id == "" and self.lat.period_s > 0:
+            t = math.ceil(t / self.lat.period_s) * self.lat.period_s  # the next periodic cycle
+            self._plan_wakes.add(t)
+        super()._push(t, kind, job_id, attempt)
+
+    def _cycle(self, now: float, force: bool = False) -> None:
+        if self.lat.cycle_s <= 0:
+            super()._cycle(now, force)
+            return
+        if (self._due is not None and now >= self._due) or now in self._plan_wakes:
+            self._due = None  # the delayed cycle (or a periodic one) sees all that happened
+            self._plan_wakes.discard(now)
+            super()._cycle(now, force)
+            return
+        if self._due is None:
+            self._due = now + self.lat.cycle_s
+            super()._push(self._due, WAKE, _CYCLE)
+        self._sample(now)
+
+    def _started(self, job: Job, now: float) -> None:
+        super()._started(job, now + self.lat.dispatch_s)  # the process runs, its clock starts
+        run = self.runs[job.id]
+        if self.lat.end_s > 0:  # its GPUs are free this much after it exits (the END pushed
+            run.end_at += self.lat.end_s  # for the exit itself is ignored: end_at moved on)
+            self._push(run.end_at, END, job.id, job.attempt)
+
+    def _stopped(self, job_id: str, attempt: int, now: float) -> None:
+        run = self.runs.get(job_id)
+        if run is not None and run.attempt == attempt:
+            job = self.store.get(job_id)
+            stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING),
+                        None)
+            if stop is not None and stop.time < run.started:
+                run.started = stop.time  # evicted before its process ran: no work done
+        super()._stopped(job_id, attempt, now)
