@@ -4,7 +4,8 @@
 
 Reads ``cloud_gpu_catalog_skypilot_2021_2022/`` (AWS on-demand 2021-11, GCP GPU prices
 2022-06; Apache-2.0) and ``spot_price_history_aws_azure_2020_trainingonadime/`` (AWS spot price
-changes Dec 2019 - Mar 2020; MIT) and writes ``catalog.csv`` and ``catalog.spot.csv.gz``. GPU
+changes Dec 2019 - Mar 2020; MIT) and writes ``catalog.csv``, ``catalog.spot.csv.gz`` and
+``gcp_prices.json`` (the GCP refresher's default prices). GPU
 models Spillway does not know (K520, M60, Radeon, Gaudi, P4) are left out and counted. GCP
 offers add the host VM's price (providers/catalog/gcp_hosts.py) to the GPUs'. The NOTICE.md
 beside the output carries the attribution.
@@ -23,6 +24,7 @@ from typing import Any
 
 from broker.gpus import GPU_FAMILIES, canonical_model, family_of, memory_of
 from providers.catalog import gcp_hosts
+from providers.catalog.refresh_gcp import GcpPrices
 from providers.catalog.rows import CatalogRow, write_rows
 from providers.catalog.spot import write_series
 from providers.catalog.zones import carbon_zone
@@ -47,6 +49,7 @@ class Built:
     rows: list[CatalogRow]
     spot: list[tuple[str, str, str, str, str, float]]
     skipped: Counter[str]
+    gcp_prices: GcpPrices
 
 
 def _aws_shape(rec: dict[str, str]) -> Shape | None:
@@ -126,18 +129,37 @@ def _gcp(folder: Path, skipped: Counter[str]) -> list[CatalogRow]:
     return list(rows.values())
 
 
+def _gcp_prices(folder: Path) -> GcpPrices:
+    """The GCP refresher's default price file: per-GPU prices by region (the snapshot's
+    one-GPU rows) and the host rates of gcp_hosts.py."""
+    accs: dict[str, dict[str, dict[str, float]]] = {}
+    with open(folder / "gcp_gpu_tpu_catalog_2022-06-24.csv", newline="") as f:
+        for rec in csv.DictReader(f):
+            accel = gcp_hosts.BY_NAME.get(rec["AcceleratorName"])
+            if accel is not None and int(float(rec["AcceleratorCount"])) == 1:
+                accs.setdefault(rec["Region"], {})[accel] = {
+                    "ondemand": float(rec["Price"]), "spot": float(rec["SpotPrice"])}
+    hosts = {region: {fam: {"ondemand": list(r[0]), "spot": list(r[1])}
+                      for fam, r in fams.items()}
+             for region, fams in gcp_hosts.HOST_RATES.items()}
+    return GcpPrices(accs, hosts, "2022-06-24", GCP_SOURCE)
+
+
 def build(data: Path) -> Built:
     """Rows and spot history from the shared data folder."""
     skipped: Counter[str] = Counter()
     aws_rows, shapes = _aws(data / SKYPILOT, skipped)
     spot_rows, points = _aws_spot(data / DIME, shapes, skipped)
-    return Built(aws_rows + spot_rows + _gcp(data / SKYPILOT, skipped), points, skipped)
+    return Built(aws_rows + spot_rows + _gcp(data / SKYPILOT, skipped), points, skipped,
+                 _gcp_prices(data / SKYPILOT))
 
 
-def write(built: Built, out: Path) -> tuple[Path, Path]:
+def write(built: Built, out: Path) -> tuple[Path, Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
+    prices = out / "gcp_prices.json"
+    prices.write_text(built.gcp_prices.to_json(), encoding="utf-8")
     return (write_rows(out / "catalog.csv", built.rows),
-            write_series(out / "catalog.spot.csv.gz", built.spot))
+            write_series(out / "catalog.spot.csv.gz", built.spot), prices)
 
 
 def summary(built: Built, paths: Iterable[Path]) -> str:

@@ -208,9 +208,10 @@ def test_the_shipped_spot_history() -> None:
 @pytest.mark.skipif(not (SHARED / build_mod.SKYPILOT).is_dir(), reason="no shared data")
 def test_the_build_reproduces_the_shipped_files(tmp_path: Path) -> None:
     built = build_mod.build(SHARED)
-    catalog, spot = build_mod.write(built, tmp_path)
+    catalog, spot, prices = build_mod.write(built, tmp_path)
     assert catalog.read_bytes() == SHIPPED.read_bytes()
     assert spot.read_bytes() == spot_file(SHIPPED).read_bytes()
+    assert prices.read_bytes() == SHIPPED.with_name("gcp_prices.json").read_bytes()
     assert built.skipped["aws M60"] == 15  # models Spillway does not know are counted
 
 
