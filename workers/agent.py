@@ -109,6 +109,8 @@ class Agent:
         next_at = time.monotonic() + self.config.heartbeat_s
         while not self._quit.wait(max(0.0, next_at - time.monotonic())):
             next_at = time.monotonic() + self.config.heartbeat_s
+            if self.isolation.keeper is not None:
+                self.isolation.keeper.ensure()  # a killed keeper is replaced within a beat
             try:
                 self.heartbeat()
                 self.reconcile()

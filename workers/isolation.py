@@ -10,16 +10,27 @@
 
 Each job part gets a :class:`JobBox`: its cgroup (memory limit = ``memory_gb``, CPU quota =
 ``cpus``, ``job_pids_max`` processes), its scratch directory ``<work_dir>/scratch/<job>-<attempt>-
-<rank>`` (``SPILLWAY_SCRATCH_DIR`` and ``TMPDIR``), removed when the part ends. The job's process
-enters its cgroup before it execs the job's command: its argv is prefixed with
-``sh -c 'echo $$ > <cgroup.procs>...; exec "$@"'`` (no ``preexec_fn``, so Popen keeps using
-vfork/posix_spawn). :meth:`JobBox.kill` kills the whole cgroup, background processes included.
+<rank>`` (``SPILLWAY_SCRATCH_DIR`` and ``TMPDIR``), removed when the part ends.
 
-The keeper (:mod:`workers.keeper`) kills the node's job cgroups when the agent dies.
+How the job's process gets into its cgroup before it runs a line of the job's command:
+
+* **v1** (``Isolation.by_thread``): the thread that forks it (the runner's supervisor thread)
+  writes its own thread id to the ``tasks`` file of each of the job's hierarchies, forks (a
+  child is born in its parent thread's cgroups), and writes itself back home
+  (:meth:`JobBox.entering`). No exec is added; a v1 thread may sit in other cgroups than its
+  process. A host where that probe fails at start gets the v2 way;
+* **v2** (a thread cannot leave its process's cgroup there): the job's argv is prefixed with
+  ``sh -c 'echo $$ > <cgroup.procs>...; exec "$@"'`` (no ``preexec_fn``, so Popen keeps using
+  vfork/posix_spawn).
+
+:meth:`JobBox.kill` kills the whole cgroup, background processes included. The keeper
+(:mod:`workers.keeper`) kills the node's job cgroups when the agent dies; while it runs, a job in
+a cgroup needs no parent-death signal (:meth:`Isolation.kept`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -27,6 +38,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from workers import keeper
@@ -58,6 +71,34 @@ class Isolation:
     work_dir: str
     pids_max: int = 4096
     missing: str = ""  # why there are no cgroups (kind none)
+    by_thread: bool = False  # v1: the forking thread enters the job's cgroups (no sh step)
+    keeper: Keeper | None = None  # set while a keeper watches this node's cgroups
+    _memsw: bool | None = None  # v1: memory.memsw.* exists (swap accounting), probed once
+    _homes: threading.local = field(default_factory=threading.local)
+
+    def kept(self) -> bool:
+        """A live keeper will kill the job cgroups if the agent dies."""
+        return self.keeper is not None and self.keeper.alive()
+
+    def home_fds(self) -> list[int]:
+        """v1: the calling thread's own ``tasks`` file in each hierarchy, opened once per
+        thread (where :meth:`JobBox.entering` sends it back)."""
+        fds: list[int] | None = getattr(self._homes, "fds", None)
+        if fds is None:
+            own = _own_v1_cgroups()
+            fds = []
+            try:
+                for d in self.node_dirs:
+                    h = _hierarchy(d)
+                    path = os.path.join(h, own.get(os.path.basename(h), "/").lstrip("/"),
+                                        "tasks")
+                    fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._homes.fds = fds
+        return fds
 
     @property
     def pgroup_dir(self) -> str:
@@ -87,13 +128,15 @@ class Isolation:
     def _make_cgroup(self, name: str, memory_gb: float, cpus: float) -> list[str]:
         dirs = [os.path.join(d, name) for d in self.node_dirs]
         for d in dirs:
-            if os.path.isdir(d):  # a leftover of an earlier attempt with the same name
+            try:
+                os.mkdir(d)
+            except FileExistsError:  # a leftover of an earlier attempt with the same name
                 if self.kind == "v2":
                     keeper.kill_v2(d)
                 else:
                     keeper.kill_v1([d])
                 keeper.remove(d)
-            os.makedirs(d, exist_ok=True)
+                os.makedirs(d, exist_ok=True)
         mem = int(memory_gb * 2**30) if memory_gb > 0 else 0
         quota = int(cpus * CPU_PERIOD_US) if cpus > 0 else 0
         if self.kind == "v2":
@@ -106,15 +149,15 @@ class Isolation:
                 _write(os.path.join(d, "cpu.max"), f"{max(quota, 1000)} {CPU_PERIOD_US}")
             _write(os.path.join(d, "pids.max"), str(self.pids_max))
         else:
-            by = {os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(d)))): d
-                  for d in dirs}
+            by = {os.path.basename(_hierarchy(n)): d for n, d in zip(self.node_dirs, dirs)}
             if mem:
                 _write(os.path.join(by["memory"], "memory.limit_in_bytes"), str(mem))
                 memsw = os.path.join(by["memory"], "memory.memsw.limit_in_bytes")
-                if os.path.exists(memsw):
+                if self._memsw is None:
+                    self._memsw = os.path.exists(memsw)
+                if self._memsw:
                     _write(memsw, str(mem))
-            if quota:
-                _write(os.path.join(by["cpu"], "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            if quota:  # (a new cgroup's cfs_period_us is the kernel's fixed default, 100 ms)
                 _write(os.path.join(by["cpu"], "cpu.cfs_quota_us"), str(max(quota, 1000)))
             _write(os.path.join(by["pids"], "pids.max"), str(self.pids_max))
         return dirs
@@ -161,12 +204,30 @@ class JobBox:
     pgid: int | None = None
 
     def argv(self, argv: list[str]) -> list[str]:
-        """``argv`` run by a shell step that first moves itself into the cgroup."""
-        if not self.dirs:
+        """``argv`` as the part's process runs it: unchanged where the forking thread puts it
+        in its cgroup (:meth:`entering`), else run by a shell step that first moves itself
+        into the cgroup. Start it inside :meth:`entering` either way."""
+        if not self.dirs or self.iso.by_thread:
             return argv
         procs = " ".join(shlex.quote(os.path.join(d, "cgroup.procs")) for d in self.dirs)
         step = f'for f in {procs}; do echo $$ > "$f" || exit 125; done; exec "$@"'
         return ["/bin/sh", "-c", step, "sh", *argv]
+
+    @contextlib.contextmanager
+    def entering(self) -> Iterator[None]:
+        """v1 (``by_thread``): the calling thread sits in the part's cgroups for the block, so
+        the process it forks there is born in them, then goes back to its own. Elsewhere a
+        no-op. OSError if the thread cannot enter (it is back home then)."""
+        if not (self.dirs and self.iso.by_thread):
+            yield
+            return
+        home = self.iso.home_fds()  # (opened before leaving home)
+        try:
+            for d in self.dirs:
+                _write(os.path.join(d, "tasks"), "0")  # 0: the writing thread itself
+            yield
+        finally:
+            _go_home(home, self.iso.node_dirs)
 
     def env(self) -> dict[str, str]:
         return {"SPILLWAY_SCRATCH_DIR": self.scratch, "TMPDIR": self.scratch}
@@ -224,6 +285,36 @@ class JobBox:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def _go_home(home: list[int], node_dirs: list[str]) -> None:
+    """Write the calling thread back to its own cgroups. Failing that (its own cgroup was
+    removed), to each hierarchy's root, so that it never stays in a job's cgroup."""
+    for fd, d in zip(home, node_dirs):
+        try:
+            os.write(fd, b"0")
+        except OSError as e:
+            log.error("cannot move the job-starting thread back to its cgroup (%s); moving it "
+                      "to the root of %s", e, _hierarchy(d))
+            _write(os.path.join(_hierarchy(d), "tasks"), "0")
+
+
+def _hierarchy(node_dir: str) -> str:
+    """The v1 hierarchy (``/sys/fs/cgroup/memory``) of a node directory ``<h>/spillway/<node>``."""
+    return os.path.dirname(os.path.dirname(node_dir))
+
+
+def _own_v1_cgroups() -> dict[str, str]:
+    """The calling thread's v1 cgroups: hierarchy name (``memory``, ``cpu,cpuacct``) -> path;
+    each controller of a joined hierarchy maps too."""
+    out: dict[str, str] = {}
+    for line in _read("/proc/thread-self/cgroup").splitlines():
+        _, names, path = line.split(":", 2)
+        if names:
+            out[names] = path
+            for n in names.split(","):
+                out[n] = path
+    return out
+
+
 def _field(text: str, key: str) -> int:
     for line in text.splitlines():
         k, _, v = line.partition(" ")
@@ -259,6 +350,7 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
             reasons.append("no cgroup v2 mount")
         try:
             iso = Isolation("v1", _make_v1(v1_root, node), work_dir, pids_max)
+            iso.by_thread = _thread_can_enter(iso)
         except OSError as e:
             reasons.append(f"cgroup v1: {e}")
             iso = Isolation("none", [], work_dir, pids_max, missing="; ".join(reasons))
@@ -270,7 +362,9 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
                 "as such) and are killed by process group, so a process that leaves its group "
                 "can outlive its job", iso.missing)
     else:
-        log.info("jobs run in cgroup %s under %s", iso.kind, ", ".join(iso.node_dirs))
+        log.info("jobs run in cgroup %s under %s (%s)", iso.kind, ", ".join(iso.node_dirs),
+                 "the forking thread enters each job's cgroups" if iso.by_thread else
+                 "each job's process moves itself in through a shell step")
     iso.clean_leftovers()
     return iso
 
@@ -302,6 +396,24 @@ def _enable(path: str, enable: str) -> None:
         raise OSError(f"cannot enable {enable} in {ctl}: {e.strerror}") from None
 
 
+def _thread_can_enter(iso: Isolation) -> bool:
+    """v1: can this thread move itself into the node's cgroups and back (``tasks``)?"""
+    try:
+        home = iso.home_fds()
+    except OSError as e:
+        log.info("cgroup v1: cannot open this thread's own tasks files (%s)", e)
+        return False
+    try:
+        for d in iso.node_dirs:
+            _write(os.path.join(d, "tasks"), "0")
+    except OSError as e:
+        log.info("cgroup v1: a thread cannot enter %s (%s)", d, e)
+        return False
+    finally:
+        _go_home(home, iso.node_dirs)
+    return True
+
+
 def _make_v1(root: str, node: str) -> list[str]:
     dirs = []
     for c in keeper.V1_CONTROLLERS:
@@ -326,19 +438,37 @@ class Keeper:
 
     def __init__(self, iso: Isolation) -> None:
         self.iso = iso
+        self._start()
+        iso.keeper = self
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ensure(self) -> None:
+        """Start a new keeper if this one died (someone killed it): until then, jobs in
+        cgroups are started with a parent-death signal again (:meth:`Isolation.kept`)."""
+        if not self.alive() and self.iso.keeper is self:
+            log.warning("the keeper (pid %d) exited with %s; starting a new one", self.proc.pid,
+                        self.proc.returncode)
+            with _quiet():
+                os.close(self._w)
+            self._start()
+
+    def _start(self) -> None:
         r, self._w = os.pipe()  # both close-on-exec: no job inherits the write end
         root = os.path.dirname(os.path.dirname(os.path.abspath(keeper.__file__)))
         code = (f"import sys; sys.path.insert(0, {root!r}); "
                 "from workers.keeper import main; main()")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-S", "-c", code, str(r), iso.kind, iso.pgroup_dir,
-                 *iso.node_dirs],
+                [sys.executable, "-S", "-c", code, str(r), self.iso.kind, self.iso.pgroup_dir,
+                 *self.iso.node_dirs],
                 pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL)
         finally:
             os.close(r)
 
     def stop(self, timeout: float = 5.0) -> None:
+        self.iso.keeper = None
         try:
             os.write(self._w, b"q")
             os.close(self._w)

@@ -57,6 +57,8 @@ def kill_v2(path: str) -> None:
 def kill_v1(paths: list[str]) -> None:
     """SIGKILL every process of a v1 job cgroup: ``paths`` are its directories, the freezer's
     among them. Frozen first, so no process can fork a child the loop would miss."""
+    if not any(pids_in(p) for p in paths):
+        return  # empty: no process is left that could fork (the usual end of a job)
     freezer = next((p for p in paths if "/freezer/" in p), None)
     frozen = freezer is not None and _write(os.path.join(freezer, "freezer.state"), "FROZEN")
     if frozen:
@@ -73,7 +75,10 @@ def kill_v1(paths: list[str]) -> None:
 
 
 def _kill_pids(path: str) -> None:
+    me = os.getpid()  # (never the agent itself, should a thread of it sit in a job cgroup)
     for pid in pids_in(path):
+        if pid == me:
+            continue
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 

@@ -115,6 +115,7 @@ class _Launch:
     cwd: str
     env: dict[str, str]
     time_limit: float | None
+    program: str = ""  # the job's own command (argv[0] after any wrappers), for errors
     future: Future[RunningPart] = field(default_factory=Future)
 
 
@@ -194,8 +195,8 @@ class Supervisor:
                     launch.future.result()
                 except (OSError, ValueError) as e:
                     why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-                    program = launch.argv[len(self._prefix)]
-                    self._start_failed(launch.part, f"cannot start {program!r}: {why}")
+                    self._start_failed(launch.part,
+                                       f"cannot start {launch.program!r}: {why}")
         return out
 
     def stop(self, job_id: str, attempt: int, grace_s: float, reason: str = STOPPED) -> bool:
@@ -252,6 +253,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.chown(cwd, self.job_uid, -1)
         env["SPILLWAY_AGENT"] = self._agent  # tells a leftover from a live agent's job
+        program = argv[0]
         if self.isolation is not None:
             try:
                 part._box = self.isolation.box(job.id, job.attempt, part.rank,
@@ -266,8 +268,12 @@ class Supervisor:
             env.update(part._box.env())
         elif self._as_user:
             argv = self._as_user + argv
-        prefix = [] if self._as_user else self._prefix  # (its own setpriv sets pdeathsig)
-        return _Launch(part, prefix + argv, cwd, env, job.spec.time_limit)
+        # No parent-death wrapper for a job as job_user (its own setpriv sets it), nor for a
+        # job in a cgroup that a live keeper will kill if the agent dies (one exec less).
+        kept = part._box is not None and part._box.dirs and self.isolation is not None \
+            and self.isolation.kept()
+        prefix = [] if self._as_user or kept else self._prefix
+        return _Launch(part, prefix + argv, cwd, env, job.spec.time_limit, program)
 
     def _start_failed(self, part: RunningPart, message: str) -> None:
         part.start_error, part.exit_code, part.reason = message, 127, "StartFailed"
@@ -336,10 +342,11 @@ class Supervisor:
         part = launch.part
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env,
-                                    stdin=self._devnull, stdout=out_w, stderr=err_w,
-                                    start_new_session=True)
+        try:  # v1: this thread enters the part's cgroups while it forks (JobBox.entering)
+            with part._box.entering() if part._box is not None else contextlib.nullcontext():
+                proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env,
+                                        stdin=self._devnull, stdout=out_w, stderr=err_w,
+                                        start_new_session=True)
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)

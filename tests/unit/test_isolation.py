@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,8 +20,18 @@ from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
 from workers import keeper
-from workers.isolation import Isolation, Keeper, detect
+from workers.isolation import Isolation, JobBox, Keeper, detect
 from workers.runner import RunningPart, Supervisor
+
+
+def start(box: JobBox, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    """As the runner starts a part: forked inside ``box.entering()``, with ``box.argv``."""
+    with box.entering():
+        return subprocess.Popen(box.argv(argv), **kw)
+
+
+def own_cgroups() -> str:
+    return Path("/proc/thread-self/cgroup").read_text()
 
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
@@ -67,7 +78,10 @@ def test_config_has_job_pids_max() -> None:
 
 
 @needs_v1
-def test_v1_limits_background_processes_and_release(v1: Isolation) -> None:
+@pytest.mark.parametrize("way", ["thread", "shell"])
+def test_v1_limits_background_processes_and_release(v1: Isolation, way: str) -> None:
+    assert v1.by_thread  # what detect picks where a thread can enter a v1 cgroup
+    v1.by_thread = way == "thread"
     box = v1.box("j1", 2, 0, memory_gb=0.5, cpus=1.5)
     mem, cpu, pids, _freezer = box.dirs
     assert int(Path(mem, "memory.limit_in_bytes").read_text()) == 2**29
@@ -76,12 +90,15 @@ def test_v1_limits_background_processes_and_release(v1: Isolation) -> None:
     assert Path(pids, "pids.max").read_text().strip() == "64"
     assert os.path.isdir(box.scratch) and box.env()["TMPDIR"] == box.scratch
     # setsid: the background process leaves the job's process group, not its cgroup
-    p = subprocess.Popen(box.argv(["sh", "-c", "setsid sleep 300 & sleep 300"]),
-                         start_new_session=True)
+    home = own_cgroups()
+    argv = ["sh", "-c", "setsid sleep 300 & sleep 300"]
+    assert (box.argv(argv) == argv) is v1.by_thread  # (no shell step when the thread enters)
+    p = start(box, argv, start_new_session=True)
+    assert own_cgroups() == home  # the forking thread went back to its own cgroups
     box.started(p.pid)
     wait_for(lambda: len(keeper.pids_in(mem)) == 3, 5, "the job's three processes")
     pids_before = keeper.pids_in(mem)
-    assert p.pid in pids_before  # it moved itself in before exec'ing the command
+    assert p.pid in pids_before  # born in it, or moved itself in, before the command ran
     t = time.monotonic()
     box.kill()
     wait_for(lambda: not any(alive(x) for x in pids_before), 2, "every process to die")
@@ -96,13 +113,12 @@ def test_v1_limits_background_processes_and_release(v1: Isolation) -> None:
 @needs_v1
 def test_v1_out_of_memory_is_reported(v1: Isolation) -> None:
     box = v1.box("oom", 1, 0, memory_gb=0.1, cpus=0)
-    p = subprocess.Popen(box.argv(["python3", "-c", "b = bytearray(400 * 2**20)"]),
-                         start_new_session=True)
+    p = start(box, ["python3", "-c", "b = bytearray(400 * 2**20)"], start_new_session=True)
     rc = p.wait(30)
     assert box.end_reason("Signal", rc) == "OutOfMemory (memory_gb 0.1)"
     box.release()
     ok = v1.box("fine", 1, 0, memory_gb=0.1, cpus=0)
-    p = subprocess.Popen(ok.argv(["true"]))
+    p = start(ok, ["true"])
     assert ok.end_reason("Exited", p.wait(10)) == "Exited"
     ok.release()
 
@@ -139,11 +155,51 @@ def test_supervisor_kills_the_whole_cgroup_and_reports_oom(v1: Isolation, tmp_pa
         sup.close()
 
 
+# its memory cgroup, then the main process's parent-death signal (PR_GET_PDEATHSIG)
+PDEATHSIG = ("grep memory /proc/self/cgroup; exec python3 -c 'import ctypes; "
+             "s = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(s)); print(s.value)'")
+
+
+@needs_v1
+def test_jobs_in_cgroups_need_no_parent_death_signal_while_a_keeper_lives(
+        v1: Isolation, tmp_path: Path) -> None:
+    """With a live keeper a job starts without the setpriv wrapper (one exec less): the keeper
+    kills its cgroup if the agent dies. A dead keeper brings the wrapper back until
+    ensure() (the agent's heartbeat) starts another."""
+    store = MemoryStore()
+    store.heartbeat(Node("n1", (), incarnation="i"), 1e9, 0)
+    sup = Supervisor(store, v1.work_dir, grace_s=5, isolation=v1)
+    keep = Keeper(v1)
+    try:
+        def output(part: RunningPart) -> list[str]:
+            wait_for(part.done.is_set, 10, "the job to end")
+            log = Path(v1.work_dir, "logs", f"{part.job_id}.1.log").read_text()
+            return [line.split(" ", 1)[1] for line in log.splitlines()]
+
+        def run() -> list[str]:
+            job = store.submit(JobSpec(gpus=0, command=PDEATHSIG), 0.0)
+            start = Start(job.id, job.attempt, job.version, (Allocation("n1", ()),))
+            assert store.apply(Plan(starts=(start,)), 1.0).started
+            part = sup.spawn(store.get(job.id), 0, (), "n1")
+            return output(part)
+
+        cgroup, signal_ = run()
+        assert signal_ == "0"
+        assert f"/spillway/{os.path.basename(v1.node_dirs[0])}/" in cgroup  # its job cgroup
+        keep.proc.kill()
+        keep.proc.wait(5)
+        assert not v1.kept() and run()[1] == "9"  # SIGKILL on the agent's death, as without
+        keep.ensure()
+        assert v1.kept() and run()[1] == "0"
+    finally:
+        sup.close()
+        keep.stop()
+
+
 @needs_v1
 def test_keeper_kills_the_node_cgroups_when_the_agent_end_closes(v1: Isolation) -> None:
     box = v1.box("k", 1, 0, memory_gb=0, cpus=0)
-    p = subprocess.Popen(box.argv(["sh", "-c", "sleep 300 & exec sleep 301"]),
-                         start_new_session=True)
+    p = start(box, ["sh", "-c", "sleep 300 & exec sleep 301"], start_new_session=True)
     wait_for(lambda: len(keeper.pids_in(box.dirs[0])) == 2, 5, "the job's processes")
     pids = keeper.pids_in(box.dirs[0])
     k = Keeper(v1)
@@ -159,7 +215,7 @@ def test_keeper_kills_the_node_cgroups_when_the_agent_end_closes(v1: Isolation) 
 @needs_v1
 def test_keeper_exits_without_killing_on_a_clean_stop(v1: Isolation) -> None:
     box = v1.box("clean", 1, 0, memory_gb=0, cpus=0)
-    p = subprocess.Popen(box.argv(["sleep", "300"]), start_new_session=True)
+    p = start(box, ["sleep", "300"], start_new_session=True)
     wait_for(lambda: keeper.pids_in(box.dirs[0]), 5, "the job's process")
     k = Keeper(v1)
     k.stop()
