@@ -1,0 +1,125 @@
+"""The machines' lifecycle decisions (broker/lifecycle.py), table-driven: records, machines
+and nodes in; the steps out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from broker.lifecycle import Step, Timeouts, decide
+from broker.model import Gpu, Instance, InstanceState, Node, NodeState
+from providers.base import CloudMachine
+
+S = InstanceState
+OFFER = "local:home:home-a:ondemand/t1"
+T = Timeouts(boot_timeout_s=60.0, idle_timeout_s=30.0)
+NOW = 1000.0
+
+
+def rec(rid: str, state: S, at: float = 900.0, pid: str = "", node: str = "") -> Instance:
+    inst = Instance(rid, OFFER, requested_at=at)
+    path = {S.REQUESTED: [], S.BOOTING: [S.BOOTING], S.READY: [S.BOOTING, S.READY],
+            S.DRAINING: [S.BOOTING, S.READY, S.DRAINING]}[state]
+    for to in path:
+        inst = inst.moved(to, at, "x")
+    return Instance.from_dict({**inst.to_dict(), "provider_id": pid, "node_id": node})
+
+
+def machine(pid: str, rid: str, state: S = S.READY) -> CloudMachine:
+    return CloudMachine(pid, rid, state, native_state=state.value.lower())
+
+
+def node(nid: str, instance: str, lease: float = NOW + 5,
+         state: NodeState = NodeState.READY) -> Node:
+    return Node(nid, (Gpu(f"{nid}-g0", 0, "A100-80GB", 80.0),), site="local:home:home-a:"
+                "ondemand", state=state, lease_expires=lease, instance_id=instance)
+
+
+def run(records: list[Instance], machines: list[CloudMachine], nodes: Sequence[Node] = (),
+        busy: tuple[str, ...] = (), idle: dict[str, float] | None = None,
+        known: tuple[str, ...] = ()) -> list[Step]:
+    listed = {"local": {m.provider_id: m for m in machines}}
+    ids = frozenset([r.request_id for r in records] + list(known))
+    return decide(NOW, records, listed, list(nodes), frozenset(busy), {"local": T},
+                  idle or {}, ids).steps
+
+
+@pytest.mark.parametrize("case, records, machines, nodes, expect", [
+    ("requested, machine listed: found by request id -> BOOTING",
+     [rec("r1", S.REQUESTED)], [machine("m1", "r1", S.BOOTING)], [],
+     [("r1", S.BOOTING, "", "found")]),
+    ("requested, nothing listed, young: wait",
+     [rec("r1", S.REQUESTED, at=990.0)], [], [], []),
+    ("requested, nothing listed past the boot timeout: FAILED",
+     [rec("r1", S.REQUESTED, at=900.0)], [], [], [("r1", S.FAILED, "", "failed")]),
+    ("booting, agent registered: READY",
+     [rec("r1", S.BOOTING, pid="m1")], [machine("m1", "r1")], [node("m1", "m1")],
+     [("r1", S.READY, "", "ready")]),
+    ("booting, young, no agent: wait",
+     [rec("r1", S.BOOTING, at=980.0, pid="m1")], [machine("m1", "r1")], [], []),
+    ("booting past the boot timeout: terminate, FAILED, block",
+     [rec("r1", S.BOOTING, at=900.0, pid="m1")], [machine("m1", "r1")], [],
+     [("r1", S.FAILED, "m1", "boot_timeouts")]),
+    ("booting, a node with an expired lease is no registration: boot timeout",
+     [rec("r1", S.BOOTING, at=900.0, pid="m1")], [machine("m1", "r1")],
+     [node("m1", "m1", lease=NOW - 1)], [("r1", S.FAILED, "m1", "boot_timeouts")]),
+    ("ready, the provider no longer lists it: TERMINATED (vanished)",
+     [rec("r1", S.READY, pid="m1", node="m1")], [], [node("m1", "m1")],
+     [("r1", S.TERMINATED, "", "vanished")]),
+    ("ready, the provider lists it dead: TERMINATED (vanished)",
+     [rec("r1", S.READY, pid="m1", node="m1")], [machine("m1", "r1", S.TERMINATED)],
+     [node("m1", "m1")], [("r1", S.TERMINATED, "", "vanished")]),
+    ("ready, its node's lease expired: terminate (an orphan)",
+     [rec("r1", S.READY, pid="m1", node="m1")], [machine("m1", "r1")],
+     [node("m1", "m1", lease=NOW - 1, state=NodeState.DOWN)],
+     [("r1", S.TERMINATED, "m1", "orphans")]),
+    ("draining, no job left: terminate",
+     [rec("r1", S.DRAINING, pid="m1", node="m1")], [machine("m1", "r1")],
+     [node("m1", "m1", state=NodeState.DRAINING)], [("r1", S.TERMINATED, "m1", "released")]),
+    ("a machine whose request id the store never knew: an orphan",
+     [], [machine("m9", "r9")], [], [("r9", None, "m9", "orphans")]),
+    ("a machine already gone is no orphan",
+     [], [machine("m9", "r9", S.TERMINATED)], [], []),
+])
+def test_the_lifecycle_table(case: str, records: list[Instance], machines: list[CloudMachine],
+                             nodes: list[Node], expect: list[tuple[str, S | None, str, str]]
+                             ) -> None:
+    steps = run(records, machines, nodes)
+    assert [(s.request_id, s.move, s.terminate, s.count) for s in steps] == expect, case
+
+
+def test_a_boot_timeout_cools_the_zone_down() -> None:
+    [step] = run([rec("r1", S.BOOTING, at=900.0, pid="m1")], [machine("m1", "r1")])
+    assert step.block and "boot timeout" in step.reason
+
+
+def test_idle_is_timed_across_passes_and_reset_by_work() -> None:
+    r = [rec("r1", S.READY, pid="m1", node="m1")]
+    m, n = [machine("m1", "r1")], [node("m1", "m1", lease=NOW + 100)]
+    listed = {"local": {x.provider_id: x for x in m}}
+    first = decide(NOW, r, listed, n, frozenset(), {"local": T}, {}, frozenset({"r1"}))
+    assert first.steps == [] and first.idle_since == {"m1": NOW}
+    later = decide(NOW + 31, r, listed, n, frozenset(), {"local": T}, first.idle_since,
+                   frozenset({"r1"}))
+    [drain] = later.steps
+    assert (drain.move, drain.drain, drain.count) == (S.DRAINING, "m1", "idle")
+    busy = decide(NOW + 31, r, listed, n, frozenset({"m1"}), {"local": T}, first.idle_since,
+                  frozenset({"r1"}))
+    assert busy.steps == [] and busy.idle_since == {}  # a job ran: the clock starts again
+
+
+def test_a_draining_node_with_jobs_is_left_to_finish() -> None:
+    assert run([rec("r1", S.DRAINING, pid="m1", node="m1")], [machine("m1", "r1")],
+               [node("m1", "m1", state=NodeState.DRAINING)], busy=("m1",)) == []
+
+
+def test_a_provider_whose_listing_failed_is_not_judged() -> None:
+    records = [rec("r1", S.READY, pid="m1", node="m1")]
+    out = decide(NOW, records, {}, [], frozenset(), {"local": T}, {}, frozenset({"r1"}))
+    assert out.steps == []
+
+
+def test_a_machine_whose_record_ended_is_an_orphan() -> None:
+    [step] = run([], [machine("m9", "r9")], known=("r9",))
+    assert (step.terminate, step.count) == ("m9", "orphans") and "ended" in step.reason
