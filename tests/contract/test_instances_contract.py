@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -127,3 +128,18 @@ def test_published_offers_less_blocked_zones(store: BaseStore) -> None:
     assert store.offers(150.0) == [b]
     assert store.offers(150.0, include_blocked=True) == [a, b]
     assert store.offers(200.0) == [a, b]
+
+
+def test_with_providers_configured_the_snapshot_has_sites_and_offers(
+        store_factory: Callable[..., BaseStore]) -> None:
+    from broker.cloud_settings import parse_providers
+    from broker.config import Config
+    from broker.model import Market, Offer, Site
+
+    store = store_factory(Config(providers=parse_providers({"local": {}})))
+    a = Offer("local", "home", "home-a", "t1", "A100-80GB", 2, 80.0, Market.ONDEMAND, 4.0)
+    b = Offer("local", "home", "home-b", "t1", "A100-80GB", 2, 80.0, Market.SPOT, 1.5)
+    store.publish_offers([a, b], 100.0)
+    store.block(block_key_of(b.id), 200.0, "spot notice")
+    snap = store.snapshot(150.0)
+    assert snap.offers == (a,) and snap.sites == (Site(), a.site)

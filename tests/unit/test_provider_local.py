@@ -316,3 +316,36 @@ def test_max_instances(tmp_path: Path) -> None:
         assert "max_instances 1" in p.launch_one("r2").reason  # type: ignore[union-attr]
     finally:
         inner.terminate(list(inner.instances()))
+
+
+def test_the_launch_task_retries_a_throttled_launch_then_gives_up(
+        prov: tuple[Provisioner, Faulty]) -> None:
+    from broker import provision_tasks
+
+    p, faulty = prov
+    requested(p, "r1", faulty.inner.offer.id)
+    requested(p, "r2", faulty.inner.offer.id)
+    provision_tasks.set_provisioner(p)
+    try:
+        faulty.fail = Retry("local", "throttled", code="RequestLimitExceeded")
+        calls = {"n": 0}
+        inner_launch = faulty.launch
+
+        def twice_throttled(*a: Any) -> list[CloudMachine]:
+            calls["n"] += 1
+            faulty.fail = faulty.fail if calls["n"] < 3 else None
+            return inner_launch(*a)
+
+        faulty.launch = twice_throttled  # type: ignore[method-assign]
+        provision_tasks.launch.apply(args=[faulty.inner.offer.id, 1, "r1", []])
+        r1 = p.rt.store.instance("r1")
+        assert calls["n"] == 3 and r1 is not None and r1.state is S.BOOTING
+        faulty.launch = inner_launch  # type: ignore[method-assign]
+        faulty.fail = Retry("local", "throttled", code="RequestLimitExceeded")
+        before = faulty.launches
+        provision_tasks.launch.apply(args=[faulty.inner.offer.id, 1, "r2", []])
+        assert faulty.launches - before == provision_tasks.RETRIES + 1  # bounded
+        r2 = p.rt.store.instance("r2")
+        assert r2 is not None and r2.state is S.FAILED and "gave up retrying" in r2.reason
+    finally:
+        provision_tasks.set_provisioner(None)
