@@ -7,8 +7,10 @@ the ``spillway_`` prefix, base units (``_seconds``), ``_total`` on counters. doc
 lists them with the alerts (infra/prometheus/rules.yml) and the dashboard
 (infra/grafana/spillway.json) built on them.
 
-The scheduler's gauges are computed from each cycle's Snapshot (:meth:`observe_cycle`), so
-they are the leader's view; a scheduler that stops leading removes them (and sets
+The scheduler's gauges are computed from the cycles' Snapshots (:meth:`observe_cycle`; at
+most every ``GAUGE_EVERY_S`` of the snapshots' time, as each pass reads every pending job and
+node while cycles come every few milliseconds in a burst of starts), so they are the leader's
+view; a scheduler that stops leading removes them (and sets
 ``spillway_leader`` to 0), so summing a gauge over every scheduler gives the leader's value.
 Counters count what this process did; after a takeover the new leader counts on.
 
@@ -49,6 +51,7 @@ PHASES = ("snapshot", "plan", "apply")  # the cycle's phases, timed by broker/co
 PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 WAIT_FIXED = (1.0, 5.0, 15.0, 30.0, 60.0)  # short waits, whatever the SLAs
 SLA_FRACTIONS = (0.1, 0.25, 0.5, 1.0, 2.0)  # wait buckets at these fractions of each SLA
+GAUGE_EVERY_S = 0.25  # the queue, capacity and node gauges: at most this often (scrapes: 15 s)
 
 
 def wait_buckets(classes: Iterable[PriorityClass]) -> tuple[float, ...]:
@@ -152,6 +155,7 @@ class SchedulerMetrics:
         for name in self.sla:
             self.sla_breaches.labels(name)
         self._leading = False
+        self._gauges_at = float("-inf")  # the snapshot time of the last gauge pass
         self._breached: set[tuple[str, int]] = set()  # (job, attempt) counted past its SLA
         self._depth, self._oldest = _Zeroing(self.queue_depth), _Zeroing(self.queue_oldest)
         self._held, self._total = _Zeroing(self.gpus_allocated), _Zeroing(self.gpus_capacity)
@@ -165,12 +169,15 @@ class SchedulerMetrics:
     def observe_cycle(self, snap: Snapshot, plan: Plan, applied: Applied,
                       phases: Mapping[str, float]) -> None:
         """Update from one cycle: its snapshot, its plan, what the store applied, and each
-        phase's seconds."""
+        phase's seconds. The gauges (and the breaches of jobs still pending) are passed over
+        at most every ``GAUGE_EVERY_S``; counters and the wait histogram every cycle."""
         with self._lock:
             for phase, seconds in phases.items():
                 self.cycle_seconds.labels(phase).observe(seconds)
-            self._queue(snap, {j.id for j in applied.started})
-            self._capacity(snap, applied)
+            if not 0 <= snap.now - self._gauges_at < GAUGE_EVERY_S:
+                self._gauges_at = snap.now
+                self._queue(snap, {j.id for j in applied.started})
+                self._capacity(snap, applied)
             self._started(snap, applied)
             stopped = {j.id for j in applied.stopping}
             for pre in plan.preemptions:
@@ -229,12 +236,17 @@ class SchedulerMetrics:
         self._active.set(active)
 
     def _started(self, snap: Snapshot, applied: Applied) -> None:
+        """The waits of the jobs started; a job that started past its SLA and was not yet
+        counted (it passed it since the last gauge pass) counts as a breach now."""
         if not applied.started:
             return
-        queued = {j.id: j for j in snap.pending}
-        for job in applied.started:
-            before = queued.get(job.id, job)
-            self.wait.labels(job.priority).observe(max(0.0, snap.now - queued_at(before)))
+        for job in applied.started:  # (a started job's history keeps its last PENDING entry)
+            waited = max(0.0, snap.now - queued_at(job))
+            self.wait.labels(job.priority).observe(waited)
+            seen = (job.id, job.attempt)
+            if waited > self.sla.get(job.priority, float("inf")) and seen not in self._breached:
+                self.sla_breaches.labels(job.priority).inc()
+                self._breached.add(seen)
         self.starts.inc(len(applied.started))
 
     # -- the leader's loop ------------------------------------------------------------------

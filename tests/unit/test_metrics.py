@@ -258,3 +258,38 @@ def test_agent_metrics_count_real_job_processes(tmp_path: Path,
         agent.close()
         server.shutdown()
         server.server_close()
+
+
+def test_gauges_pass_at_most_every_quarter_second_and_no_breach_is_missed() -> None:
+    """In a burst cycles come every few ms: the gauges are passed over at most every
+    GAUGE_EVERY_S of snapshot time, and a job that passed its SLA between two passes and
+    started is counted at its start, once."""
+    from broker.config import DEFAULT_CLASSES
+    from broker.model import Job
+    from broker.plan import Applied, Snapshot
+
+    m = SchedulerMetrics(DEFAULT_CLASSES)
+    sla = {c.name: c.sla_s for c in DEFAULT_CLASSES}["critical"]
+    spec = JobSpec(command=["true"], gpus=1, priority="critical", team="ops")
+    job = Job("j1", spec, JobState.PENDING, 1000.1 - sla)  # passes its SLA at 1000.1
+
+    def cycle(now: float, pending: tuple[Job, ...], started: tuple[Job, ...] = ()) -> None:
+        snap = Snapshot(now, pending, (), (), {}, DEFAULT_CLASSES)
+        m.observe_cycle(snap, Plan(), Applied(started), {"plan": 0.001})
+
+    def read(name: str, **labels: str) -> float | None:
+        return m.registry.get_sample_value(name, {"class": "critical", **labels})
+
+    cycle(1000.0, (job,))
+    assert read("spillway_queue_depth", team="ops") == 1
+    assert read("spillway_sla_breaches_total") == 0
+    ran = Job("j1", spec, JobState.STARTING, job.submitted_at)
+    cycle(1000.2, (job,), (ran,))  # 0.2 s on: no gauge pass; started 300.1 s after queued
+    assert read("spillway_queue_depth", team="ops") == 1
+    assert read("spillway_sla_breaches_total") == 1
+    assert read("spillway_job_wait_seconds_count") == 1
+    assert m.registry.get_sample_value("spillway_cycle_duration_seconds_count",
+                                       {"phase": "plan"}) == 2
+    cycle(1000.3, ())  # 0.3 s after the last pass: the queue is empty now
+    assert read("spillway_queue_depth", team="ops") == 0
+    assert read("spillway_sla_breaches_total") == 1
