@@ -7,7 +7,9 @@ The driver is named as libcloud names it (``azure_arm``, ``openstack``, ``dummy`
 
 - in tags, where the driver's ``create_node`` takes them (``ex_tags`` on Azure, ``ex_labels``
   on GCE, ``ex_metadata`` on OpenStack and EC2), read back from ``node.extra``;
-- always in its name, ``<request id>-<digest of the cluster>-<index>``;
+- always in its name, ``<request id>-<digest of the cluster>-<index>``, which is also its
+  provider id (the boot script is told it as ``SPILLWAY_INSTANCE_ID``, so the agent registers
+  with it);
 - and, for a driver that ignores the name and has no tags (libcloud's dummy driver), in a
   ledger file under ``state_dir`` (node id -> request id), written right after the node is
   made.
@@ -26,6 +28,7 @@ import importlib
 import inspect
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -76,6 +79,15 @@ _NAME = re.compile(r"(?P<rid>[a-z][a-z0-9_-]*)-(?P<digest>[0-9a-f]{8})-(?P<index
 
 def _digest(cluster: str) -> str:
     return hashlib.sha256(f"spillway/{cluster}".encode()).hexdigest()[:8]
+
+
+def _with_instance_id(user_data: str, name: str) -> str:
+    """The boot script with ``SPILLWAY_INSTANCE_ID`` set to the node's name (libcloud has no
+    common metadata service, and a cloud may give the host another name), after its ``#!``
+    line."""
+    line = f"export SPILLWAY_INSTANCE_ID={shlex.quote(name)}\n"
+    first, sep, rest = user_data.partition("\n")
+    return f"{first}{sep}{line}{rest}" if first.startswith("#!") else line + user_data
 
 
 class LibcloudProvider:
@@ -230,8 +242,11 @@ class LibcloudProvider:
         if self.location:
             kw["location"] = self._find("location", self.location, drv.list_locations,
                                         offer.id)
+        data_arg = self._keyword(USER_DATA_ARGS)
         for i in missing:
             name = f"{request_id}-{_digest(self.cluster)}-{i}"
+            if user_data and data_arg:
+                kw[data_arg] = _with_instance_id(user_data, name)
             node = self._call(f"create node {name}", drv.create_node, offer_id=offer.id,
                               name=name, size=size, image=image, **kw)
             if node.name != name and not self._tags(node):
@@ -250,8 +265,6 @@ class LibcloudProvider:
             raise Stop(self.name, f"driver {self.driver_name} takes no user data "
                        f"({' or '.join(USER_DATA_ARGS)}), so a node could not start its "
                        "agent; use a driver that does", code="no-user-data", offer_id=offer.id)
-        if user_data and data_arg:
-            kw[data_arg] = user_data
         return kw
 
     def _find(self, what: str, wanted: str, lister: Any, offer_id: str) -> Any:
@@ -270,17 +283,19 @@ class LibcloudProvider:
             return
         drv = self.driver()
         for node in list(self._call("list nodes", drv.list_nodes)):
-            if str(node.id) in wanted and self._owner(node) is not None:
+            if wanted & {str(node.id), node.name} and self._owner(node) is not None:
                 self._call(f"destroy node {node.id}", drv.destroy_node, node)
         self._forget(wanted)
 
     def instances(self) -> dict[str, CloudMachine]:
-        """Every node of this cluster (by tags, name or ledger), by node id."""
+        """Every node of this cluster (by tags, name or ledger), by provider id: the node's
+        name where the driver kept the name Spillway gave it, else its id."""
         out: dict[str, CloudMachine] = {}
         for node in self._call("list nodes", self.driver().list_nodes):
             owner = self._owner(node)
             if owner is not None:
-                out[str(node.id)] = self.machine(node, *owner)
+                machine = self.machine(node, *owner)
+                out[machine.provider_id] = machine
         return out
 
     def _tags(self, node: Any) -> dict[str, str]:
@@ -306,13 +321,15 @@ class LibcloudProvider:
     def machine(self, node: Any, request_id: str, index: int) -> CloudMachine:
         state = str(node.state).lower()
         created = getattr(node, "created_at", None)
+        m = _NAME.fullmatch(str(node.name or ""))
+        named = m is not None and m.group("digest") == _digest(self.cluster)
         return CloudMachine(
-            provider_id=str(node.id), request_id=request_id,
+            provider_id=str(node.name) if named else str(node.id), request_id=request_id,
             state=NODE_STATES.get(state, InstanceState.BOOTING),
             instance_type=str(getattr(node.size, "id", "") or node.extra.get("size", "")),
             zone=self.site.zone, market=self.site.market,
             launched_at=created.timestamp() if created is not None else None,
-            native_state=state, extra={"name": node.name, "index": index,
+            native_state=state, extra={"node_id": str(node.id), "index": index,
                                        "public_ips": list(node.public_ips or ()),
                                        "private_ips": list(node.private_ips or ())})
 

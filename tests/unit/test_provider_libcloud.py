@@ -108,11 +108,14 @@ def test_file_driver_tags_names_user_data_and_a_fresh_process(tmp_path) -> None:
                          state_dir=str(tmp_path / "s"))
     offer = Offer("os", "default", "", "gpu-a100", "A100-80GB", 1, 80.0, Market.ONDEMAND, 3.0)
     [m] = p.launch(offer, 1, "req-4", "#!/bin/sh\necho hi\n")
-    node = next(n for n in p.driver().list_nodes() if n.id == m.provider_id)
+    node = next(n for n in p.driver().list_nodes() if n.name == m.provider_id)
     assert node.extra["metadata"][CLUSTER_TAG] == "c1"
     assert node.extra["metadata"][REQUEST_TAG] == "req-4"
-    assert node.extra["userdata"] == "#!/bin/sh\necho hi\n"
-    assert node.name.startswith("req-4-") and not (tmp_path / "s").exists()  # no ledger
+    # the boot script learns the node's name, its provider id, as its instance id
+    assert node.extra["userdata"] == \
+        f"#!/bin/sh\nexport SPILLWAY_INSTANCE_ID={m.provider_id}\necho hi\n"
+    assert m.provider_id.startswith("req-4-") and m.extra["node_id"] == node.id
+    assert not (tmp_path / "s").exists()  # no ledger: the driver kept the name and tags
     fresh = LibcloudProvider("os", "c1", driver=FILE_DRIVER, key=cloud,
                              state_dir=str(tmp_path / "s"))
     assert [x.provider_id for x in fresh.launch(offer, 1, "req-4", "x")] == [m.provider_id]
