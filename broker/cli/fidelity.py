@@ -91,7 +91,8 @@ def fidelity(
 
     if report is not None:
         _check_report_deps()
-    req = FidelityRequest(SimRequest(trace=trace, cluster=cluster, policies=(policy.strip(),),
+    policies = tuple(p.strip() for p in policy.split(",") if p.strip())
+    req = FidelityRequest(SimRequest(trace=trace, cluster=cluster, policies=policies,
                                      start=start, end=end, busiest_days=busiest_days,
                                      load_scale=load_scale, target_load=target_load,
                                      seed=seed), time_scale=time_scale, workdir=workdir)

@@ -26,7 +26,7 @@ from broker.errors import ConfigError
 from broker.fidelity.compare import relative_diff, result_of, world
 from broker.fidelity.diverge import per_job
 from broker.fidelity.real import RealResult, RealRun, refuse_custom
-from broker.fidelity.scale import check_k, scale_cluster, scale_trace
+from broker.fidelity.scale import check_k, inventory_text, scale_cluster, scale_trace
 from broker.model import JobSpec
 from broker.model.fit import could_hold
 from broker.sim.cluster import Cluster
@@ -107,6 +107,8 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
     cluster, trace, meta = prepare(req.sim)  # the same window and load as `simulate`
     _refuse_cloud(cluster)
     refuse_custom(policy, cluster)
+    for node in cluster.nodes:
+        inventory_text(node)  # (refuses MIG layouts now, not after the simulation)
     trace = _feasible(cluster, trace)
     sc, st = scale_cluster(cluster, k), scale_trace(trace, k)
     checkpoint_s = min(30.0 / k, float(sc.settings["grace_s"])) * CHECKPOINT_SHARE
