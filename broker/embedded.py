@@ -5,7 +5,9 @@
   exit hook leaves the server running while any other process is still connected.
 * :class:`LocalCluster`: that Redis (or the configured one), plus ``spillway scheduler`` and one
   ``spillway worker`` as child processes. Stopping sends the children SIGTERM, waits, then
-  SIGKILLs what is left, and only then stops Redis.
+  SIGKILLs what is left, and only then stops Redis. With ``cloud="local"`` the scheduler also
+  runs a ``local`` cloud provider (machines are worker processes; docs/cloud.md), and stopping
+  terminates every machine it left.
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ class LocalCluster:
                  gpus: str = "8xA100-80GB", cpus: int = 64, node_id: str | None = None,
                  config_path: str | None = None, env: Mapping[str, str] | None = None,
                  persist: bool = False, port: int | None = None,
-                 stop_timeout: float = 40.0) -> None:
+                 stop_timeout: float = 40.0, cloud: str | None = None) -> None:
         self.state_dir = Path(state_dir).expanduser()
         self.log_dir = self.state_dir / "logs"
         self.work_dir = self.state_dir / "work"
@@ -149,6 +151,10 @@ class LocalCluster:
         self.server: EmbeddedRedis | None = None
         self.url = redis_url or ""
         self.children: list[Child] = []
+        if cloud not in (None, "local"):
+            raise EmbeddedError(f"--cloud {cloud!r}: only 'local' runs on one machine; "
+                                "configure other clouds under providers: (docs/cloud.md)")
+        self.cloud = cloud
 
     @property
     def embedded(self) -> bool:
@@ -158,6 +164,8 @@ class LocalCluster:
         """Start everything and wait until the worker's node is registered."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.cloud:
+            self.config_path = str(self._cloud_config())
         try:
             if not self.url:
                 self.server = EmbeddedRedis(self.state_dir, port=self.port, persist=self.persist)
@@ -227,8 +235,37 @@ class LocalCluster:
         return (f"{child.name} exited with code {child.proc.returncode}; its log ({child.log}) "
                 f"ends with:\n{child.tail()}")
 
+    LOCAL_CLOUD = {"kind": "local", "gpus": "2xA100-80GB", "cpus": 8, "memory_gb": 32,
+                   "price_per_hour": 2.0, "boot_delay_s": 2.0, "idle_timeout_s": 120}
+
+    def _cloud_config(self) -> Path:
+        """The configuration (the given file's, if any) with a ``local`` provider added."""
+        import yaml
+
+        data: dict[str, Any] = {}
+        if self.config_path:
+            data = yaml.safe_load(Path(self.config_path).expanduser().read_text()) or {}
+        providers = dict(data.get("providers") or {})
+        providers.setdefault("local", {**self.LOCAL_CLOUD,
+                                       "state_dir": str(self.state_dir / "cloud")})
+        path = self.state_dir / "config-cloud.yaml"
+        path.write_text(yaml.safe_dump({**data, "providers": providers}))
+        return path
+
+    def local_cloud(self) -> Any:
+        """The local provider the scheduler runs (None without ``cloud``)."""
+        if not self.cloud or not self.config_path:
+            return None
+        from broker.config import load_config
+        from providers.base import make_provider
+
+        cfg = load_config(self.config_path, env={})
+        return make_provider("local", cfg.providers["local"].provider_settings(),
+                             cfg.cluster_name)
+
     def stop(self) -> None:
-        """Children first (SIGTERM, wait, SIGKILL), then the embedded Redis."""
+        """Children first (SIGTERM, wait, SIGKILL), the local cloud's machines, then the
+        embedded Redis."""
         for child in self.children:
             if child.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -242,6 +279,9 @@ class LocalCluster:
                     os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait()
         self.children = []
+        cloud = self.local_cloud()
+        if cloud is not None:  # (its machines are sessions of their own)
+            cloud.terminate(list(cloud.instances()))
         if self.server is not None:
             self.server.stop()
             self.server = None

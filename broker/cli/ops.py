@@ -243,6 +243,9 @@ def up(
     state_dir: Annotated[Path | None, Opt("--state-dir", help="Data, logs and job dirs "
                                                               "(default: the config's state_dir)",
                                           show_default=False)] = None,
+    cloud: Annotated[str | None, Opt("--cloud", help="Also run a cloud provider: 'local' "
+                                                     "(machines are worker processes here).",
+                                     show_default=False)] = None,
 ) -> None:
     """Run a whole cluster on this machine; Ctrl-C stops it.
 
@@ -256,7 +259,8 @@ def up(
     cluster = LocalCluster(state_dir or Path(s.config.state_dir).expanduser(),
                            redis_url=configured, gpus=gpus, cpus=cpus, node_id=node_id,
                            config_path=str(s.config_path) if s.config_path else None,
-                           persist=True, port=port, stop_timeout=s.config.grace_s + 15)
+                           persist=True, port=port, stop_timeout=s.config.grace_s + 15,
+                           cloud=cloud)
     install_stop_handlers()
     code = 0
     try:
@@ -267,6 +271,11 @@ def up(
         out.print(f"[green]Spillway is up[/] on {where}.")
         out.print(f"  worker     {escape(cluster.node_id)}: {gpus}, {cpus} CPUs")
         out.print(f"  logs       {cluster.log_dir}")
+        local = cluster.local_cloud()
+        if local is not None:
+            out.print(f"  cloud      {escape(local.offer.id)} at "
+                      f"${local.offer.price_per_hour:.2f}/h (spillway launch OFFER; "
+                      "spillway instances)")
         out.print("In another shell:")
         out.print(f"  [bold]export SPILLWAY_REDIS_URL={cluster.url}[/]")
         out.print("  spillway submit --gpus 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'")

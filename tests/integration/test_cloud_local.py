@@ -18,16 +18,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 from celery import Celery
 
 from broker import commands
 from broker.app import configure
+from broker.embedded import LocalCluster
 from broker.model import Instance, InstanceState
 from broker.state import JobState
+from broker.store import open_store
 from providers.local import LocalProvider
 from providers.userdata import render
-from tests.integration.harness import running, wait_until, with_db
+from tests.integration.harness import FAST_TIMINGS, running, wait_until, with_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,6 +57,12 @@ def _instance(c: object, rid: str) -> Instance:
     return inst
 
 
+def _until(c: object, rid: str, state: InstanceState, what: str) -> Instance:
+    """The instance record once it is in ``state`` (polled, with a deadline)."""
+    wait_until(lambda: _instance(c, rid).state is state, 60, what)
+    return _instance(c, rid)
+
+
 def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
     url = with_db(redis_url, 11)
     cluster = "t" + uuid.uuid4().hex[:8]
@@ -76,8 +85,7 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             rid = done.stdout.split()[0]
             celery = configure(Celery("test-cloud"), url)
             commands.launch(celery, OFFER, 1, rid)
-            ready = wait_until(lambda: (i := _instance(c, rid)).state is I.READY and i,
-                               60, "the machine's agent to register")
+            ready = _until(c, rid, I.READY, "the machine's agent to register")
             counts["launched"] += 1
             node = next(n for n in c.store.nodes() if n.instance_id == ready.provider_id)
             assert node.site == SITE and node.id == ready.node_id
@@ -95,8 +103,7 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             assert f"CVD={','.join(alloc.gpu_ids)}" in lines
 
             # idle past idle_timeout_s: drained, then terminated
-            gone = wait_until(lambda: (i := _instance(c, rid)).state is I.TERMINATED and i,
-                              60, "the idle machine to be released")
+            gone = _until(c, rid, I.TERMINATED, "the idle machine to be released")
             assert [h.state for h in gone.history] == [I.BOOTING, I.READY, I.DRAINING,
                                                        I.TERMINATED]
             assert len([m for m in provider.instances().values()
@@ -111,8 +118,8 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             provider.launch(offer, 1, lost, render(offer, "local", url, lost, "",
                                                    f"{sys.executable} -m broker.cli"))
             counts["launched"] += 1
-            adopted = wait_until(lambda: (i := _instance(c, lost)).state is I.READY and i,
-                                 60, "the unrecorded machine to be found and to register")
+            adopted = _until(c, lost, I.READY, "the unrecorded machine to be found and to "
+                             "register")
             assert adopted.history[0].reason.startswith("found by its request id")
 
             # a machine nobody asked for, tagged with this cluster: reaped
@@ -136,3 +143,38 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
         provider.terminate(list(provider.instances()))
         print("cloud counts:", counts)
     assert left == [], f"machines left tagged with cluster {cluster}: {left}"
+
+
+def test_up_with_the_local_cloud_leaves_no_machine(redis_url: str, tmp_path: Path) -> None:
+    """``spillway up --cloud local``: the scheduler runs a local provider; a machine launched
+    through it joins; stopping the cluster terminates it."""
+    url = with_db(redis_url, 12)
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(yaml.safe_dump({"cluster_name": "t" + uuid.uuid4().hex[:8]}))
+    cluster = LocalCluster(tmp_path / "up", redis_url=url, gpus="1xA100-80GB", cpus=4,
+                           node_id="onprem-1", config_path=str(cfg), env=FAST_TIMINGS,
+                           stop_timeout=20, cloud="local")
+    store = open_store(url, None)
+    raw = redis.Redis.from_url(url)
+    raw.flushdb()
+    try:
+        cluster.start()
+        local = cluster.local_cloud()
+        assert local is not None and local.offer.id == OFFER
+        env = cluster._env()
+        done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url, "launch",
+                               OFFER], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        rid = done.stdout.split()[0]
+        wait_until(lambda: (i := store.instance(rid)) is not None and i.state is I.READY, 60,
+                   "the local machine's agent to register")
+        shown = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url,
+                                "nodes"], env=env, capture_output=True, text=True, timeout=60)
+        assert f"local-{rid}" in shown.stdout and "ondemand" in shown.stdout, shown.stdout
+        assert "2.00" in shown.stdout  # its price
+    finally:
+        cluster.stop()
+        left = cluster.local_cloud().instances() if cluster.config_path else {}
+        raw.flushdb()
+        raw.close()
+    assert left == {}
