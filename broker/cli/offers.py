@@ -68,6 +68,7 @@ def offer_json(o: Offer, gpus: int) -> dict[str, Any]:
 
     return {"id": o.id, "provider": o.provider, "region": o.region, "zone": o.zone,
             "market": o.market.value, "instance_type": o.instance_type,
+            "machine_type": o.extra.get("machine_type", o.instance_type),
             "gpu_model": o.gpu_model, "gpu_count": o.gpu_count,
             "gpu_memory_gb": o.gpu_memory_gb, "vcpus": o.extra.get("vcpus"),
             "memory_gb": o.extra.get("memory_gb"), "price_per_hour": o.price_per_hour,
@@ -88,11 +89,11 @@ def onprem_json(price: float, model: str | None) -> dict[str, Any]:
 def _table(rows: list[dict[str, Any]], width: int | None) -> Any:
     cells = [(f"{r['price_per_work_hour']:.3f}", f"{r['price_per_gpu_hour']:.3f}",
               f"{r['price_per_hour']:.3f}", f"{r['gpu_count']}x{r['gpu_model']}", r["provider"],
-              r["zone"] or r["region"], r["market"], r["instance_type"], f"{r['vcpus']:g}",
+              r["zone"] or r["region"], r["market"], r["machine_type"], f"{r['vcpus']:g}",
               f"{r['memory_gb']:g}", r["carbon_zone"] or "-") for r in rows]
-    # the prices, GPUs and place are never cut; TYPE is shortened, then the columns to the
-    # right go (and the whole-instance price): 80 columns hold the rest
-    table, keep = fitted_table(HEADS, cells, width, shorten={7: 10},
+    # the prices, GPUs and place are never cut; TYPE (the machine: GCP's GPUs are in GPUS) is
+    # shortened, then the columns to the right go (and the whole-instance price)
+    table, keep = fitted_table(HEADS, cells, width, shorten={7: 13},
                                droppable=(10, 9, 8, 2))
     for c in cells:
         table.add_row(*(escape(c[i]) for i in keep))
