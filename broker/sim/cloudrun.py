@@ -149,4 +149,23 @@ class CloudRun:
                 self.clouds.job_moved(inst, 0, horizon)
         out = self.clouds.metrics(horizon)
         out["jobs_lost"] = self.jobs_lost
+        out["sla_attainment_may_burst"] = self._attainment(horizon)
+        out["deadline_misses"] = sum(
+            1 for j in self.sim.store.list_jobs() if j.spec.deadline is not None
+            and (j.finished_at is None or j.finished_at > j.spec.deadline))
         return out
+
+    def _attainment(self, horizon: float) -> float | None:
+        """SLA attainment over the classes that may burst (broker/sim/metrics.py's rule:
+        a job that never started counts as a miss once it has waited past its SLA)."""
+        may = {c.name for c in self.sim.cluster.classes if c.may_burst}
+        hit = n = 0
+        for r in self.sim.records.values():
+            if r.infeasible or r.priority not in may:
+                continue
+            if r.first_start_s is None:
+                n += horizon - r.submit_s > r.sla_s
+                continue
+            n += 1
+            hit += r.first_start_s - r.submit_s <= r.sla_s
+        return round(hit / n, 4) if n else None
