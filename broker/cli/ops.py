@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,7 +34,7 @@ Opt = typer.Option
 
 def status_data(client: Any) -> dict[str, Any]:
     """The cluster at a glance, from the store: leader, nodes, queue by class, active jobs and
-    cloud instances (none until the cloud lands)."""
+    live cloud instances by state."""
     now = time.time()
     store = client.store
     leader = store.leader(now)
@@ -58,7 +59,8 @@ def status_data(client: Any) -> dict[str, Any]:
         "queue": list(queue.values()),
         "running": active["RUNNING"],
         "active": active,
-        "instances": [],  # cloud instances by state: filled when the cloud lands
+        "instances": [{"state": st, "count": n} for st, n in sorted(Counter(
+            i.state.value for i in store.instances(live_only=True)).items())],
     }
 
 
@@ -91,7 +93,8 @@ def status_screen(data: dict[str, Any]) -> Group:
     parts += [nodes if data["nodes"] else Text("Nodes      none registered"), queue,
               Text.assemble(("Running    ", "bold"), f"{data['running']} job(s) "
                             f"({a['STARTING']} starting, {a['STOPPING']} stopping)"),
-              Text.assemble(("Cloud      ", "bold"), "none")]
+              Text.assemble(("Cloud      ", "bold"), ", ".join(
+                  f"{i['count']} {i['state']}" for i in data["instances"]) or "none")]
     return Group(*parts)
 
 
