@@ -282,7 +282,10 @@ class JobBox:
         elif self.pgid is not None:
             with _quiet():
                 os.unlink(os.path.join(self.iso.pgroup_dir, str(self.pgid)))
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        try:
+            os.rmdir(self.scratch)  # the usual case, and a fraction of rmtree's cost
+        except OSError:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _go_home(home: list[int], node_dirs: list[str]) -> None:
