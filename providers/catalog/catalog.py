@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from broker.gpus import type_matches
@@ -127,6 +127,20 @@ class Catalog:
         if offer.market is not Market.SPOT:
             return InterruptionEstimate(0.0, "ondemand", 0)
         return interruption_rate(traces, offer.provider, offer.zone, offer.instance_type)
+
+    def with_interruption_rates(self, offers: Iterable[Offer],
+                                traces: Sequence[SpotTrace]) -> list[Offer]:
+        """``offers`` with ``extra["interruption_rate_per_hour"]`` and
+        ``extra["interruption_basis"]`` set on the spot ones (the burst policy's cost model,
+        policies/offers.py, reads the rate from there)."""
+        out = []
+        for o in offers:
+            if o.market is Market.SPOT:
+                est = self.interruption_rate(o, traces)
+                o = replace(o, extra={**o.extra, "interruption_rate_per_hour": est.rate_per_hour,
+                                      "interruption_basis": est.basis})
+            out.append(o)
+        return out
 
 
 _CACHE: dict[Path, Catalog] = {}

@@ -267,6 +267,11 @@ def test_interruption_rate_of_an_offer(catalog_path: Path, tmp_path: Path) -> No
                                                   regions=("us-east-1",)))[0] for m in (SP, OD))
     assert cat.interruption_rate(spot, load_traces(tmp_path)).basis == "zone"
     assert cat.interruption_rate(ondemand, load_traces(tmp_path)).rate_per_hour == 0.0
+    marked = cat.with_interruption_rates([spot, ondemand], load_traces(tmp_path))
+    assert marked == [spot, ondemand]  # the same offers (extra is not compared)
+    assert marked[0].extra["interruption_rate_per_hour"] == pytest.approx(2 / (3 * 360 / 3600))
+    assert marked[0].extra["interruption_basis"] == "zone"
+    assert "interruption_rate_per_hour" not in marked[1].extra
 
 
 @pytest.mark.skipif(not (SHARED / "spot_availability_cantbelate").is_dir(),
