@@ -13,6 +13,7 @@ real system and feeds them in (docs/fidelity.md has the measured values).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -38,31 +39,53 @@ class Latencies:
     ``end_s``: the process exits -> its GPUs are free. ``stop_s``: added to the time an
     evicted job takes to checkpoint and exit (SIGTERM -> its exit is known).
     ``period_s``: the scheduler's periodic cycle: a plan's wake-up (``Plan.wake_at``) is served
-    at the next multiple of it, since the real scheduler does not wake for it (0: at once)."""
+    at the next multiple of it, since the real scheduler does not wake for it (0: at once).
+    ``dispatch_samples``: if given, each attempt's dispatch delay is one of these (measured
+    ones, so the tail is kept), drawn by a hash of the job id and attempt (deterministic)
+    instead of ``dispatch_s``."""
 
     cycle_s: float = 0.0
     dispatch_s: float = 0.0
     end_s: float = 0.0
     stop_s: float = 0.0
     period_s: float = 0.0
+    dispatch_samples: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"latency {f.name}: {value!r} is not allowed; use seconds "
-                                  ">= 0 (0: none)")
+            for v in value if isinstance(value, tuple) else (value,):
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    raise ConfigError(f"latency {f.name}: {v!r} is not allowed; use seconds "
+                                      ">= 0 (0: none)")
 
     @property
     def off(self) -> bool:
         return not any(getattr(self, f.name) for f in fields(self))
 
+    def dispatch(self, job_id: str, attempt: int) -> float:
+        """The dispatch delay of one attempt."""
+        xs = self.dispatch_samples
+        if not xs:
+            return self.dispatch_s
+        h = hashlib.blake2b(f"{job_id}:{attempt}".encode(), digest_size=8).digest()
+        return xs[int.from_bytes(h, "big") % len(xs)]
+
     def times(self, k: float) -> Latencies:
         """Every delay multiplied by ``k`` (real seconds -> trace seconds at time scale k)."""
-        return replace(self, **{f.name: getattr(self, f.name) * k for f in fields(self)})
+        return replace(self, **{f.name: tuple(v * k for v in getattr(self, f.name))
+                                if f.name == "dispatch_samples" else getattr(self, f.name) * k
+                                for f in fields(self)})
 
     def as_dict(self) -> dict[str, float]:
-        return {f.name: round(getattr(self, f.name), 6) for f in fields(self)}
+        """The delays (``dispatch_samples`` as their count and mean)."""
+        out = {f.name: round(getattr(self, f.name), 6) for f in fields(self)
+               if f.name != "dispatch_samples"}
+        xs = self.dispatch_samples
+        if xs:
+            out["dispatch_samples_n"] = len(xs)
+            out["dispatch_samples_mean"] = round(sum(xs) / len(xs), 6)
+        return out
 
 
 class LatencySimulation(Simulation):
@@ -97,7 +120,8 @@ class LatencySimulation(Simulation):
         self._sample(now)
 
     def _started(self, job: Job, now: float) -> None:
-        super()._started(job, now + self.lat.dispatch_s)  # the process runs, its clock starts
+        # the process runs, its clock starts
+        super()._started(job, now + self.lat.dispatch(job.id, job.attempt))
         run = self.runs[job.id]
         if self.lat.end_s > 0:  # its GPUs are free this much after it exits (the END pushed
             run.end_at += self.lat.end_s  # for the exit itself is ignored: end_at moved on)

@@ -141,3 +141,14 @@ def test_per_job_names_the_reason_of_a_divergence() -> None:
     assert all(row["reason"] for row in out["divergent"])
     assert out["same_gpu_count"] == 1.0
     assert EvictionKind.PRIORITY.value == "priority"  # the kinds are reported by value
+
+
+def test_dispatch_samples_are_drawn_per_attempt_and_kept_in_scale() -> None:
+    lat = Latencies(dispatch_s=1.0, dispatch_samples=(0.1, 0.2, 5.0))
+    draws = {lat.dispatch(f"j{i}", 1) for i in range(50)}
+    assert draws == {0.1, 0.2, 5.0}  # each measured value, the tail included
+    assert lat.dispatch("j7", 2) == lat.dispatch("j7", 2)  # deterministic
+    assert Latencies(dispatch_s=1.0).dispatch("j7", 1) == 1.0
+    scaled = lat.times(10)
+    assert scaled.dispatch_samples == (1.0, 2.0, 50.0) and scaled.dispatch_s == 10.0
+    assert scaled.as_dict()["dispatch_samples_n"] == 3
