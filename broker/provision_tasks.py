@@ -82,11 +82,17 @@ class ProvisionService:
             hostname=f"provisioner@{socket.gethostname()}-{os.getpid()}",
             queues=[PROVISION_QUEUE], pool_cls="solo", concurrency=1, without_gossip=True,
             without_mingle=True, without_heartbeat=True, loglevel="WARNING")
-        for name, target in (("spillway-provision", self._worker.start),
+        for name, target in (("spillway-provision", self._consume),
                              ("spillway-lifecycle", self._loop)):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _consume(self) -> None:
+        # Celery's current app is per thread: without this, a task's retry() in this thread
+        # is published through an unconfigured default app (amqp://localhost) and is lost
+        self.provisioner.rt.celery.set_current()
+        self._worker.start()
 
     def _loop(self) -> None:
         every = self.provisioner.rt.config.reconcile_s
