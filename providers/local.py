@@ -50,6 +50,7 @@ class LocalProvider:
                  memory_gb: float = 32, price_per_hour: float = 2.0, region: str = "home",
                  zone: str = "home-a", market: str = "ondemand", instance_type: str = "",
                  boot_delay_s: float = 1.0, stop_timeout_s: float = 10.0,
+                 api_delay_s: float = 0.0,
                  state_dir: str = "~/.local/state/spillway/local-cloud",
                  carbon_zone: str = "") -> None:
         self.name, self.cluster = name, check_label(cluster, "cluster")
@@ -63,7 +64,8 @@ class LocalProvider:
             raise ProviderConfigError(f"{where}.gpus: {gpus!r} must be one GPU model, e.g. "
                                       "2xA100-80GB (a cloud instance type has one)")
         for key, value in (("price_per_hour", price_per_hour), ("boot_delay_s", boot_delay_s),
-                           ("stop_timeout_s", stop_timeout_s), ("cpus", cpus),
+                           ("stop_timeout_s", stop_timeout_s), ("api_delay_s", api_delay_s),
+                           ("cpus", cpus),
                            ("memory_gb", memory_gb)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ProviderConfigError(f"{where}.{key}: {value!r} must be a number >= 0")
@@ -75,6 +77,8 @@ class LocalProvider:
                            float(price_per_hour), carbon_zone,
                            extra={"gpus": gpus, "cpus": cpus, "memory_gb": memory_gb})
         self.boot_delay_s, self.stop_timeout_s = float(boot_delay_s), float(stop_timeout_s)
+        self.api_delay_s = float(api_delay_s)  # a launch call returns this long after the
+        # machine started, as a cloud API's does (a provisioner can die in between)
         self.dir = Path(state_dir).expanduser() / self.cluster
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -100,7 +104,10 @@ class LocalProvider:
         self.dir.mkdir(parents=True, exist_ok=True)
         ids = [f"local-{request_id}"] if count == 1 else \
             [f"local-{request_id}-{i}" for i in range(1, count + 1)]
-        return [self._launch_one(pid, request_id, user_data) for pid in ids]
+        machines = [self._launch_one(pid, request_id, user_data) for pid in ids]
+        if self.api_delay_s:
+            time.sleep(self.api_delay_s)
+        return machines
 
     def terminate(self, provider_ids: Sequence[str]) -> None:
         for pid in provider_ids:

@@ -178,3 +178,49 @@ def test_up_with_the_local_cloud_leaves_no_machine(redis_url: str, tmp_path: Pat
         raw.flushdb()
         raw.close()
     assert left == {}
+
+
+def test_a_provisioner_killed_between_launch_and_record_leaves_no_orphan(
+        redis_url: str, tmp_path: Path) -> None:
+    """``spillway provisioner`` on its own (the scheduler with --no-provisioner), SIGKILLed
+    after the machine started and before its record says so (the local provider's launch call
+    returns api_delay_s after starting the machine, as a cloud API's does). The next
+    provisioner finds the machine by the request id in its tags: it joins, runs nothing twice,
+    is released when idle, and no machine is left."""
+    url = with_db(redis_url, 13)
+    cluster = "t" + uuid.uuid4().hex[:8]
+    cfg = _config(tmp_path, cluster)
+    data = yaml.safe_load(cfg.read_text())
+    data["providers"]["local"]["api_delay_s"] = 30
+    cfg.write_text(yaml.safe_dump(data))
+    provider = LocalProvider("local", cluster, state_dir=str(tmp_path / "cloud"))
+    files = tmp_path / "cloud" / cluster
+    try:
+        with running(url, tmp_path) as c:
+            c.env["SPILLWAY_CONFIG"] = str(cfg)
+            c._spawn("scheduler", "scheduler", "--no-provisioner")
+            fast = c.env["SPILLWAY_RECONCILE_S"]
+            c.env["SPILLWAY_RECONCILE_S"] = "600"  # (its own lifecycle would find it first)
+            first = c._spawn("provisioner-1", "provisioner")
+            c.env["SPILLWAY_RECONCILE_S"] = fast
+            done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url,
+                                   "launch", OFFER], env=c.env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            rid = done.stdout.split()[0]
+            record = files / f"local-{rid}.json"
+            wait_until(lambda: record.exists() and yaml.safe_load(record.read_text())["pid"],
+                       60, "the provider to start the machine")
+            first.kill()  # inside the launch call: the record was never written
+            first.wait(30)
+            assert _instance(c, rid).state is I.REQUESTED
+            c._spawn("provisioner-2", "provisioner")
+            found = _until(c, rid, I.READY, "the next provisioner to find and adopt it")
+            assert found.history[0].reason.startswith("found by its request id")
+            assert len(list(files.glob("*.json"))) == 1  # one machine, never a second
+            _until(c, rid, I.TERMINATED, "the idle machine to be released")
+            assert "orphan" not in c.logs_of("provisioner-2")
+    finally:
+        left = [m for m in provider.instances().values() if m.state is not I.TERMINATED]
+        provider.terminate(list(provider.instances()))
+    assert left == []
