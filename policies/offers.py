@@ -120,10 +120,17 @@ class Bin:
     count: int = 1  # instances (a gang takes one per node)
 
 
+def offers_by_id(cycle: Cycle) -> dict[str, Offer]:
+    out = cycle.notes.get("offers_by_id")
+    if out is None:
+        out = cycle.notes["offers_by_id"] = {o.id: o for o in cycle.snap.offers}
+    return out  # type: ignore[no-any-return]
+
+
 def booting_bins(cycle: Cycle, boot_s: float) -> list[Bin]:
     """Instances requested or booting: capacity the queue can wait for instead of renting
     more (the launches of earlier cycles)."""
-    offers = {o.id: o for o in cycle.snap.offers}
+    offers = offers_by_id(cycle)
     out = []
     for inst in cycle.snap.instances:
         offer = offers.get(inst.offer_id)
@@ -141,7 +148,7 @@ def region_room(cycle: Cycle) -> dict[tuple[str, str], float]:
     for o in cycle.snap.offers:
         q = o.extra.get("region_quota_gpus")
         quota.setdefault((o.provider, o.region), math.inf if q is None else float(q))
-    offers = {o.id: o for o in cycle.snap.offers}
+    offers = offers_by_id(cycle)
     for inst in cycle.snap.instances:
         held = offers.get(inst.offer_id)
         if held is not None and not inst.ended:

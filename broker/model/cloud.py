@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -162,11 +163,11 @@ class Offer:
                 raise ValueError(f"{where}: {name} {value!r} must be a number >= 0")
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
-    @property
+    @cached_property
     def site(self) -> Site:
         return Site(self.provider, self.region, self.zone, self.market, self.carbon_zone)
 
-    @property
+    @cached_property
     def id(self) -> str:
         """``site/instance_type``, e.g. ``aws:us-east-1:us-east-1a:spot/p4d.24xlarge``."""
         return f"{self.site}/{self.instance_type}"
