@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from broker.errors import ConfigError
@@ -73,9 +73,9 @@ class Latencies:
 
     def times(self, k: float) -> Latencies:
         """Every delay multiplied by ``k`` (real seconds -> trace seconds at time scale k)."""
-        return replace(self, **{f.name: tuple(v * k for v in getattr(self, f.name))
-                                if f.name == "dispatch_samples" else getattr(self, f.name) * k
-                                for f in fields(self)})
+        return Latencies(self.cycle_s * k, self.dispatch_s * k, self.end_s * k,
+                         self.stop_s * k, self.period_s * k,
+                         tuple(v * k for v in self.dispatch_samples))
 
     def as_dict(self) -> dict[str, float]:
         """The delays (``dispatch_samples`` as their count and mean)."""
