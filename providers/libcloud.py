@@ -100,6 +100,7 @@ class LibcloudProvider:
                  sizes: Mapping[str, Mapping[str, Any]] | None = None,
                  offers: Sequence[Mapping[str, Any]] = (), catalog_provider: str = "",
                  catalog_path: str = "", create_options: Mapping[str, Any] | None = None,
+                 ssh_key: str = "",
                  state_dir: str = "~/.local/state/spillway/libcloud",
                  catalog: OfferCatalog | None = None) -> None:
         self.lc = require("libcloud.compute.providers", name, "libcloud")
@@ -112,7 +113,7 @@ class LibcloudProvider:
         self.driver_name, self.key, self.secret = str(driver), key, secret
         self.driver_options = dict(driver_options or {})
         self.image, self.location = image, location
-        self.create_options = dict(create_options or {})
+        self.create_options, self.ssh_key = dict(create_options or {}), ssh_key
         self.catalog_provider = catalog_provider or CATALOG_NAMES.get(self.driver_name, "")
         self.sizes = self._check_sizes(dict(sizes or {}), where)
         self._catalog, self._catalog_path = catalog, catalog_path
@@ -237,8 +238,7 @@ class LibcloudProvider:
             return [have[i] for i in range(count)]
         kw = self._create_kwargs(offer, request_id, user_data)
         size = self._find("size", offer.instance_type, drv.list_sizes, offer.id)
-        image = self._find("image", self.image, drv.list_images, offer.id) if self.image \
-            else self._call("list images", drv.list_images, offer_id=offer.id)[0]
+        image = self._image(offer.id)
         if self.location:
             kw["location"] = self._find("location", self.location, drv.list_locations,
                                         offer.id)
@@ -256,6 +256,10 @@ class LibcloudProvider:
 
     def _create_kwargs(self, offer: Offer, request_id: str, user_data: str) -> dict[str, Any]:
         kw = dict(self.create_options)
+        if self.ssh_key and self._keyword(("auth",)):
+            from libcloud.compute.base import NodeAuthSSHKey
+
+            kw["auth"] = NodeAuthSSHKey(self.ssh_key)
         tags_arg = self._keyword(TAG_ARGS)
         if tags_arg:
             kw[tags_arg] = {CLUSTER_TAG: self.cluster, REQUEST_TAG: request_id,
@@ -266,6 +270,17 @@ class LibcloudProvider:
                        f"({' or '.join(USER_DATA_ARGS)}), so a node could not start its "
                        "agent; use a driver that does", code="no-user-data", offer_id=offer.id)
         return kw
+
+    def _image(self, offer_id: str) -> Any:
+        """The configured image: ``get_image`` where the driver has it (Azure reads a
+        marketplace URN without listing thousands), else found in ``list_images``."""
+        drv = self.driver()
+        if not self.image:
+            return self._call("list images", drv.list_images, offer_id=offer_id)[0]
+        try:
+            return drv.get_image(self.image)
+        except Exception:  # NotImplementedError, or an id get_image does not take
+            return self._find("image", self.image, drv.list_images, offer_id)
 
     def _find(self, what: str, wanted: str, lister: Any, offer_id: str) -> Any:
         for item in self._call(f"list {what}s", lister, offer_id=offer_id):
