@@ -145,8 +145,9 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
                   horizon)
     ideal_w = world({i: ideal.store.get(i) for i in ideal.trace_jobs}, trace.jobs, sla, 0.0,
                     k, horizon)
-    meta = {**meta, "policy": policy, "horizon_s": round(horizon, 1),
-            "real_all_started": res.all_started}
+    meta = {**meta, "policy": policy, "horizon_s": round(horizon, 1), "time_scale": k,
+            "real_all_started": res.all_started, "trace_origin": trace.origin,
+            "last_submit_s": trace.jobs[-1].submit_s if trace.jobs else 0.0}
     cap = cluster.capacity_gpus
     results = [result_of(real_w, f"{policy} real", cap, meta),
                result_of(sim_w, f"{policy} sim", cap, meta),

@@ -5,11 +5,12 @@ reading of job histories into the simulator's records, cut at a horizon."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from broker.errors import ConfigError
-from broker.fidelity.compare import relative_diff, spearman, world
+from broker.fidelity.compare import relative_diff, result_of, spearman, world
 from broker.fidelity.diverge import per_job
 from broker.fidelity.scale import inventory_text, real_config, scale_cluster, scale_trace
 from broker.sim.cluster import load_cluster
@@ -152,3 +153,19 @@ def test_dispatch_samples_are_drawn_per_attempt_and_kept_in_scale() -> None:
     scaled = lat.times(10)
     assert scaled.dispatch_samples == (1.0, 2.0, 50.0) and scaled.dispatch_s == 10.0
     assert scaled.as_dict()["dispatch_samples_n"] == 3
+
+
+def test_the_worlds_draw_with_the_simulators_report(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from broker.sim.report import write_report
+
+    sla = {"normal": 3600.0, "high": 600.0, "low": 86400.0}
+    results = []
+    for label, lat in (("real", Latencies(dispatch_s=4.0)), ("sim", Latencies())):
+        sim = LatencySimulation(tiny(), MIXED, "spillway", latencies=lat)
+        sim.run()
+        w = world({i: sim.store.get(i) for i in sim.trace_jobs}, MIXED.jobs, sla, 0.0, 1.0,
+                  5000.0)
+        results.append(result_of(w, label, 8, {"trace_origin": 0.0, "last_submit_s": 1200.0}))
+    index = write_report(results, tmp_path / "out")
+    assert index.exists() and "real" in index.read_text()
