@@ -40,6 +40,7 @@ from providers.base import (
 from providers.offer_source import (
     OfferCatalog,
     OfferList,
+    catalog_or_path,
     default_catalog,
     in_zones,
     offers_from_settings,
@@ -55,7 +56,7 @@ class GcpProvider:
     ``endpoint`` points the client at another Compute endpoint (the tests' fake);
     ``credentials_file`` is a service-account key file; ``anonymous`` sends no credentials
     (a fake only); neither: Application Default Credentials. Offers come from the shipped
-    catalog, the one at ``catalog_path``, or ``offers`` written in the configuration."""
+    catalog, another one (``catalog``: its path), or ``offers`` written in the configuration."""
 
     def __init__(self, name: str, cluster: str, project: str, zones: Sequence[str],
                  endpoint: str | None = None, credentials_file: str | None = None,
@@ -65,8 +66,8 @@ class GcpProvider:
                  disk_size_gb: int = 100, disk_type: str = "pd-balanced",
                  termination_action: str = "DELETE", labels: Mapping[str, str] | None = None,
                  call_timeout_s: float = 30.0, operation_timeout_s: float = 300.0,
-                 catalog_path: str = "", offers: Sequence[Mapping[str, Any]] = (),
-                 catalog: OfferCatalog | None = None,
+                 offers: Sequence[Mapping[str, Any]] = (),
+                 catalog: OfferCatalog | str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.compute = require("google.cloud.compute_v1", name, "gcp")
         self.name, self.cluster = name, check_label(cluster, "cluster")
@@ -107,7 +108,11 @@ class GcpProvider:
                                                          where))
             except ValueError as e:
                 raise ProviderConfigError(str(e)) from None
-        self._catalog, self._catalog_path, self._clock = catalog, catalog_path, clock
+        self._clock = clock
+        try:
+            self._catalog, self._catalog_path = catalog_or_path(catalog, where)
+        except ValueError as e:
+            raise ProviderConfigError(str(e)) from None
         self._clients: tuple[Any, Any] | None = None
 
     # -- clients --------------------------------------------------------------------------

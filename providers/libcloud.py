@@ -52,6 +52,7 @@ from providers.libcloud_errors import classify
 from providers.offer_source import (
     OfferCatalog,
     OfferList,
+    catalog_or_path,
     default_catalog,
     fits,
     offers_from_settings,
@@ -99,10 +100,10 @@ class LibcloudProvider:
                  location: str = "", market: str = "ondemand",
                  sizes: Mapping[str, Mapping[str, Any]] | None = None,
                  offers: Sequence[Mapping[str, Any]] = (), catalog_provider: str = "",
-                 catalog_path: str = "", create_options: Mapping[str, Any] | None = None,
+                 create_options: Mapping[str, Any] | None = None,
                  ssh_key: str = "",
                  state_dir: str = "~/.local/state/spillway/libcloud",
-                 catalog: OfferCatalog | None = None) -> None:
+                 catalog: OfferCatalog | str | None = None) -> None:
         self.lc = require("libcloud.compute.providers", name, "libcloud")
         self.name, self.cluster = name, check_label(cluster, "cluster")
         where = f"providers.{name}"
@@ -116,7 +117,10 @@ class LibcloudProvider:
         self.create_options, self.ssh_key = dict(create_options or {}), ssh_key
         self.catalog_provider = catalog_provider or CATALOG_NAMES.get(self.driver_name, "")
         self.sizes = self._check_sizes(dict(sizes or {}), where)
-        self._catalog, self._catalog_path = catalog, catalog_path
+        try:
+            self._catalog, self._catalog_path = catalog_or_path(catalog, where)
+        except ValueError as e:
+            raise ProviderConfigError(str(e)) from None
         if offers:
             try:
                 self._catalog = OfferList(offers_from_settings(name, [

@@ -43,6 +43,19 @@ def fits(offer: Offer, request: Resources) -> bool:
     return not request.regions or offer.region in request.regions
 
 
+def catalog_or_path(value: OfferCatalog | str | None,
+                    where: str) -> tuple[OfferCatalog | None, str]:
+    """A provider's ``catalog`` setting: a catalog file's path (configuration) or a catalog
+    object (code, tests). ValueError naming the field for anything else."""
+    if value is None or value == "":
+        return None, ""
+    if isinstance(value, str):
+        return None, value
+    if isinstance(value, OfferCatalog):
+        return value, ""
+    raise ValueError(f"{where}.catalog: {value!r} is not a catalog file's path")
+
+
 def default_catalog(provider: str, path: str = "") -> OfferCatalog:
     """The catalog at ``path`` ("" for the shipped one, ``providers.catalog.load_catalog``),
     or Stop saying why it cannot be read."""

@@ -299,6 +299,11 @@ def test_offers_from_the_configuration_and_the_shipped_catalog() -> None:
         Resources(gpu_model="V100"))
     assert shipped and all(o.zone in ZONES and o.gpu_model.startswith("V100")
                            for o in shipped)
+    from providers.catalog import SHIPPED
+
+    by_path = make_provider("gcp", {"project": "p", "zones": ZONES, "catalog": str(SHIPPED)},
+                            "c1").offers(Resources(gpu_model="V100"))
+    assert [o.id for o in by_path] == [o.id for o in shipped]
 
 
 @pytest.mark.parametrize(("settings", "field"), [
@@ -311,6 +316,7 @@ def test_offers_from_the_configuration_and_the_shipped_catalog() -> None:
     ({"project": "p", "zones": ZONES, "offers": [{"zone": "us-central1-a"}]},
      "providers.gcp.offers[0].instance_type"),
     ({"project": "p", "zones": ZONES, "projekt": "p"}, "providers.gcp: "),
+    ({"project": "p", "zones": ZONES, "catalog": 5}, "providers.gcp.catalog"),
 ])
 def test_bad_settings_name_the_field(settings, field) -> None:
     with pytest.raises(ProviderConfigError) as e:
