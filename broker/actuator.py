@@ -17,7 +17,7 @@ import time
 from broker import commands
 from broker.config import Config
 from broker.errors import ConfigError
-from broker.model import Instance
+from broker.model import Instance, InstanceState, StateChange
 from broker.plan import Applied, Launch, Plan
 from broker.runtime import Runtime
 from broker.store.instances import request_ids
@@ -73,9 +73,12 @@ def request_launch(rt: Runtime, launch: Launch, now: float | None = None) -> lis
     now = time.time() if now is None else now
     price = next((o.price_per_hour for o in rt.store.offers(now, include_blocked=True)
                   if o.id == launch.offer_id), 0.0)
+    jobs = tuple(launch.for_jobs)
+    why = (f"requested for {len(jobs)} job(s): {', '.join(jobs[:5])}"
+           f"{', ...' if len(jobs) > 5 else ''}" if jobs else "requested by an operator")
     created = rt.store.record_instances([
-        Instance(rid, launch.offer_id, requested_at=now, price_per_hour=price,
-                 for_jobs=tuple(launch.for_jobs))
+        Instance(rid, launch.offer_id, requested_at=now, price_per_hour=price, for_jobs=jobs,
+                 history=(StateChange(InstanceState.REQUESTED, now, why),))
         for rid in request_ids(launch.request_id, launch.count)])
     commands.launch(rt.celery, launch.offer_id, launch.count, launch.request_id,
                     launch.for_jobs)

@@ -104,8 +104,9 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
 
             # idle past idle_timeout_s: drained, then terminated
             gone = _until(c, rid, I.TERMINATED, "the idle machine to be released")
-            assert [h.state for h in gone.history] == [I.BOOTING, I.READY, I.DRAINING,
-                                                       I.TERMINATED]
+            assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY,
+                                                       I.DRAINING, I.TERMINATED]
+            assert gone.history[0].reason == "requested by an operator"
             assert len([m for m in provider.instances().values()
                         if m.request_id == rid]) == 0
             assert len(list((tmp_path / "cloud" / cluster).glob("*.json"))) == 0
@@ -216,7 +217,7 @@ def test_a_provisioner_killed_between_launch_and_record_leaves_no_orphan(
             assert _instance(c, rid).state is I.REQUESTED
             c._spawn("provisioner-2", "provisioner")
             found = _until(c, rid, I.READY, "the next provisioner to find and adopt it")
-            assert found.history[0].reason.startswith("found by its request id")
+            assert found.history[1].reason.startswith("found by its request id")
             assert len(list(files.glob("*.json"))) == 1  # one machine, never a second
             _until(c, rid, I.TERMINATED, "the idle machine to be released")
             assert "orphan" not in c.logs_of("provisioner-2")

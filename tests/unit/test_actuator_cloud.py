@@ -27,6 +27,7 @@ def test_launches_are_recorded_once_per_machine_then_sent() -> None:
     assert [r.request_id for r in recs] == ["burst-1-1", "burst-1-2"]
     assert {r.state for r in recs} == {InstanceState.REQUESTED}
     assert recs[0].price_per_hour == 4.0 and recs[0].for_jobs == ("j-1", "j-2")
+    assert recs[0].reason == "requested for 2 job(s): j-1, j-2"
     assert [(n, a) for n, a, _ in fake.celery.sent] == [
         (commands.LAUNCH, [OFFER.id, 2, "burst-1", ["j-1", "j-2"]])] * 2
 
