@@ -1,24 +1,46 @@
-"""AWS machines on the real system: moto's EC2 server, the AWS provider, and the test-side boot
-shim (tests/boot_shim.py) that runs each moto instance's user data as a local process with its
-own IMDSv2 metadata service."""
+"""AWS machines on the real system: moto's EC2 server (behind the fault proxy), the AWS provider,
+and the test-side boot shim (tests/boot_shim.py) that runs each moto instance's user data as a
+local process with its own IMDSv2 metadata service.
+
+Round trip: a launch through the provisioner (its first RunInstances throttled, then retried)
+-> the moto instance boots -> its agent registers with site aws:us-east-1:us-east-1a:spot and
+its instance id -> a job runs there with the machine's GPU -> the node goes idle -> the machine
+is terminated in EC2 and shut down. A spot notice on such a machine: the job checkpoints and
+resumes on an on-prem node, the record goes DRAINING, the zone cools down, the machine is given
+back. After each test no machine tagged with its cluster is left running in moto."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
+import yaml
+from celery import Celery
 
+from broker import commands
+from broker.app import configure
+from broker.model import Instance, NodeState
 from broker.model.cloud import InstanceState, Market, Offer
+from broker.state import EvictionKind, JobState
+from broker.store.instances import block_key
 from providers.aws import AwsProvider
-from tests.boot_shim import booting
+from tests.boot_shim import BootShim, booting
 from tests.fake_ec2 import AWS_TEST_ENV, FaultProxy, moto_ec2
-from tests.integration.harness import wait_until
+from tests.integration.harness import Cluster, running, wait_until, with_db
 
 pytestmark = pytest.mark.integration
 
+I = InstanceState  # noqa: E741
 AMI = "ami-12c6146b"
+DB = 4  # this module's own database on the session's Redis
+SITE = "aws:us-east-1:us-east-1a:spot"
+OFFER = f"{SITE}/p2.xlarge"  # the shipped catalog: 1 x K80-12GB, spot in us-east-1a
 
 # What a real machine's boot script does first (providers/userdata.py): an IMDSv2 token, then
 # the instance id; here it then only records what it learnt and waits to be shut down.
@@ -69,3 +91,177 @@ def test_boot_shim_runs_user_data_with_imdsv2_and_shuts_down_on_terminate(
             [f"shutdown {i}\n" for i in ids]
         assert shim.shut_down == 2
     assert {m.state for m in p.instances().values()} == {InstanceState.TERMINATED}
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trips through the provisioner
+
+
+def _configure(c: Cluster, tmp: Path, cluster: str, endpoint: str, idle_timeout_s: float
+               ) -> None:
+    """The scheduler's configuration: provider aws on moto (through the fault proxy), its
+    machines' boot script running this checkout's Spillway with a static inventory (moto's
+    machines have no GPUs for NVML to find)."""
+    subnet = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint).create_subnet(
+        VpcId=_vpc(endpoint), CidrBlock=f"10.9.{uuid.uuid4().int % 250}.0/24",
+        AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
+    wrapper = tmp / "spillway-on-the-machine"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m broker.cli "$@" '
+                       "--gpus 1xK80-12GB --cpus 4\n")
+    wrapper.chmod(0o755)
+    cfg = tmp / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"cluster_name": cluster, "providers": {"aws": {
+        "regions": ["us-east-1"], "endpoint_url": endpoint, "image": AMI,
+        "subnets": {"us-east-1a": subnet}, "api_attempts": 1, "boot_timeout_s": 60,
+        "idle_timeout_s": idle_timeout_s, "cooldown_s": 600, "install_command": "",
+        "worker_command": str(wrapper)}}}))
+    c.env.update({**AWS_TEST_ENV, "SPILLWAY_CONFIG": str(cfg),
+                  "SPILLWAY_PROVISION_RETRY_S": "0.2", "SPILLWAY_SPOT_POLL_S": "0.2"})
+
+
+def _vpc(endpoint: str) -> str:
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+    return str(ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"])
+
+
+def _launch_by_hand(c: Cluster) -> str:
+    """``spillway launch OFFER``: the request id."""
+    done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", c.url, "launch",
+                           OFFER], env=c.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[0]
+
+
+def _record(c: Cluster, rid: str) -> Instance:
+    inst = c.store.instance(rid)
+    assert inst is not None
+    return inst
+
+
+def _left_in_moto(moto_url: str, cluster: str) -> list[str]:
+    p = AwsProvider("aws", cluster, ["us-east-1"], endpoint_url=moto_url, image=AMI)
+    return [f"{m.provider_id} {m.native_state}" for m in p.instances().values()
+            if m.state is not I.TERMINATED]
+
+
+@pytest.fixture
+def aws_cluster(ec2: tuple[str, FaultProxy], redis_url: str, tmp_path: Path
+                ) -> Iterator[tuple[Cluster, BootShim, FaultProxy, str]]:
+    moto_url, proxy = ec2
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    with running(with_db(redis_url, DB), tmp_path) as c:
+        shim = BootShim(moto_url, cluster, tmp_path / "machines", env=c.env, grace_s=10)
+        try:
+            yield c, shim, proxy, cluster
+        finally:
+            shim.stop()
+            for m in shim.machines.values():
+                print(f"----- machine {m.instance_id} -----\n{m.logs()[-3000:]}")
+    left = _left_in_moto(moto_url, cluster)
+    assert left == [], f"machines left tagged with cluster {cluster}: {left}"
+
+
+@pytest.mark.slow
+def test_aws_round_trip_through_the_provisioner(
+        aws_cluster: tuple[Cluster, BootShim, FaultProxy, str], tmp_path: Path) -> None:
+    c, shim, proxy, cluster = aws_cluster
+    _configure(c, tmp_path, cluster, proxy.url, idle_timeout_s=3)
+    c.start_scheduler()
+    wait_until(lambda: OFFER in {o.id for o in c.store.offers(time.time())}, 30,
+               "the AWS offers to be published")
+    shim.env = c.env
+    shim.start()
+
+    # the first RunInstances is throttled: the provisioner retries it after a backoff
+    proxy.inject("RunInstances", "RequestLimitExceeded")
+    runs_before = proxy.seen["RunInstances"]
+    rid = _launch_by_hand(c)
+    ready = wait_until(lambda: (i := _record(c, rid)).state is I.READY and i, 60,
+                       "the machine to boot and its agent to register")
+    assert proxy.served["RequestLimitExceeded"] == 1
+    assert proxy.seen["RunInstances"] - runs_before == 2  # the throttled try, the retry
+    assert "RequestLimitExceeded" in c.logs_of("scheduler")
+    node = next(n for n in c.store.nodes() if n.instance_id == ready.provider_id)
+    assert node.site == SITE and node.id == ready.provider_id
+    assert ready.provider_id.startswith("i-") and shim.booted == 1
+
+    # a repeated launch message starts no second machine
+    commands.launch(configure(Celery("test-aws"), c.url), OFFER, 1, rid)
+
+    # a job allowed on the cloud runs there, on the machine's GPU
+    job = c.client.submit(command='echo "CVD=$CUDA_VISIBLE_DEVICES on $SPILLWAY_NODE_ID"',
+                          gpus=1, sites=["cloud"], name="on-aws")
+    finished = c.client.wait(job.id, timeout=60)
+    assert finished.state is JobState.SUCCEEDED, finished.history
+    alloc = finished.allocations[0]
+    assert alloc.node_id == node.id
+    assert f"CVD={','.join(alloc.gpu_ids)} on {node.id}" in \
+        [ln.text for ln in c.client.logs(job.id)]
+
+    # idle past idle_timeout_s: drained, terminated in EC2, the machine shut down
+    gone = wait_until(lambda: (i := _record(c, rid)).state is I.TERMINATED and i, 60,
+                      "the idle machine to be released")
+    assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY, I.DRAINING,
+                                              I.TERMINATED]
+    wait_until(lambda: shim.running() == [], 30, "the machine's processes to shut down")
+    assert shim.booted == 1 and shim.shut_down == 1
+    assert proxy.seen["RunInstances"] - runs_before == 2  # (the repeat launched nothing)
+    print("aws round trip:", {"launched": shim.booted, "faults": dict(proxy.served)})
+
+
+CHECKPOINTING = """
+if [ "$SPILLWAY_RESUME" = 1 ]; then
+    echo "resumed on $SPILLWAY_NODE_ID from $(cat "$SPILLWAY_CHECKPOINT_DIR/state")"
+    exit 0
+fi
+trap 'echo "step=3 on $SPILLWAY_NODE_ID" > "$SPILLWAY_CHECKPOINT_DIR/state"; exit 0' TERM
+echo "started on $SPILLWAY_NODE_ID"
+touch "{flag}"
+while :; do sleep 0.1; done
+"""
+
+
+@pytest.mark.slow
+def test_aws_spot_notice_moves_the_job_and_releases_the_machine(
+        aws_cluster: tuple[Cluster, BootShim, FaultProxy, str], tmp_path: Path) -> None:
+    c, shim, proxy, cluster = aws_cluster
+    _configure(c, tmp_path, cluster, proxy.url, idle_timeout_s=300)
+    c.start_scheduler()
+    wait_until(lambda: OFFER in {o.id for o in c.store.offers(time.time())}, 30,
+               "the AWS offers to be published")
+    shim.env = c.env
+    shim.start()
+    rid = _launch_by_hand(c)
+    ready = wait_until(lambda: (i := _record(c, rid)).state is I.READY and i, 60,
+                       "the machine's agent to register")
+    ckpt, flag = tmp_path / "ckpt", tmp_path / "running"
+    ckpt.mkdir()
+    job = c.client.submit(command=CHECKPOINTING.format(flag=flag), gpus=1, name="spot-aws",
+                          checkpoint_dir=str(ckpt), time_limit="5m")
+    wait_until(flag.exists, 30, "the job to run on the AWS machine")
+    c.start_agent("n2", "1xK80-12GB", cpus=8)  # on-prem, where the job goes next
+
+    shim.machines[ready.provider_id].meta.interrupt("terminate", in_s=120)
+    done = c.client.wait(job.id, timeout=60)
+    assert done.state is JobState.SUCCEEDED, done.history
+    assert [a.allocations[0].node_id for a in done.attempts] == [ready.provider_id, "n2"]
+    stops = [(h.attempt, h.kind) for h in done.history if h.state is JobState.STOPPING]
+    assert stops == [(1, EvictionKind.SPOT)], done.history
+    assert [ln.text for ln in c.client.logs(job.id, attempt=2)] == \
+        [f"resumed on n2 from step=3 on {ready.provider_id}"]
+
+    # the record went DRAINING on the notice, the zone cools down, and once the job left the
+    # reconciler gave the machine back
+    gone = wait_until(lambda: (i := _record(c, rid)).state is I.TERMINATED and i, 60,
+                      "the drained machine to be released")
+    assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY, I.DRAINING,
+                                              I.TERMINATED]
+    assert "aws spot interruption notice" in gone.history[3].reason
+    blocks = c.store.blocks(time.time())
+    assert block_key("aws", "us-east-1", "us-east-1a", "p2.xlarge") in blocks
+    spot = next(n for n in c.store.nodes() if n.id == ready.provider_id)
+    assert spot.state in (NodeState.DRAINING, NodeState.DOWN)
+    wait_until(lambda: shim.running() == [], 30, "the machine's processes to shut down")
+    print("aws spot notice:", {"launched": shim.booted, "shut_down": shim.shut_down})
+
+
