@@ -182,6 +182,8 @@ def refresh_cmd(
                                        "md).")] = None,
     endpoint: Annotated[str | None, Opt("--endpoint", help="Another API endpoint (a test "
                                         "double).")] = None,
+    types: Annotated[list[str] | None, Opt("--types", help="AWS: instance-type patterns "
+                                           "(repeatable; default g* and p*).")] = None,
     spot_days: Annotated[float, Opt("--spot-days", help="AWS: days of spot price history "
                                     "to read.")] = 7.0,
     output: Annotated[Path | None, Opt("--out", dir_okay=False, help="Where to write (default "
@@ -203,7 +205,7 @@ def refresh_cmd(
     try:
         written = refresh(provider, base, target, datetime.now(timezone.utc),
                           regions=list(region or ()), prices=prices, endpoint=endpoint,
-                          project=project, spot_days=spot_days,
+                          project=project, spot_days=spot_days, types=list(types or ()),
                           credentials=_anonymous() if anonymous else None)
     except (MissingExtra, PriceFileError) as e:
         raise spec_error("prices" if isinstance(e, PriceFileError) else "provider",

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from providers.catalog.catalog import Catalog, forget_cached, spot_file
-from providers.catalog.refresh_aws import Refreshed, read_price_file, refresh_aws
+from providers.catalog.refresh_aws import (
+    TYPE_PATTERNS,
+    Refreshed,
+    read_price_file,
+    refresh_aws,
+)
 from providers.catalog.refresh_gcp import PRICES, read_gcp_prices, refresh_gcp
 from providers.catalog.rows import write_rows
 from providers.catalog.spot import write_series
@@ -30,6 +35,13 @@ class Written:
     kept: int  # rows kept from the base catalog
     regions: tuple[str, ...]
     skipped: dict[str, int]
+
+
+def known_prices(base: Catalog, provider: str) -> dict[tuple[str, str], float]:
+    """The on-demand prices the catalog knows for ``provider``: {(type, region): $/h} (the
+    AWS refresher's prices when no price file is given)."""
+    return {(r.instance_type, r.region): r.ondemand_price for r in base.rows
+            if r.provider == provider and r.ondemand_price is not None}
 
 
 def merge(base: Catalog, fresh: Refreshed, regions: Sequence[str], out: Path) -> Written:
@@ -55,16 +67,17 @@ def _iso(t: float) -> str:
 def refresh(provider: str, base: Catalog, out: str | os.PathLike[str], now: datetime,
             regions: Sequence[str] = (), prices: str | os.PathLike[str] | None = None,
             endpoint: str | None = None, project: str = "", spot_days: float = 7.0,
-            session: Any = None, credentials: Any = None) -> Written:
+            session: Any = None, credentials: Any = None,
+            types: Sequence[str] = ()) -> Written:
     """Read ``provider``'s API and write the merged catalog to ``out``. AWS needs
-    ``regions``; GCP needs ``project``. ValueError naming the option for a bad call."""
+    ``regions``; GCP needs ``project``; ``types``: AWS instance-type patterns (default g*, p*).
+    ValueError naming the option for a bad call."""
     if provider == "aws":
         if not regions:
             raise ValueError("regions: name at least one AWS region (--region us-east-1)")
-        table = read_price_file(prices) if prices else {
-            (r.instance_type, r.region): r.ondemand_price for r in base.rows
-            if r.provider == "aws" and r.ondemand_price is not None}
-        fresh = refresh_aws(regions, table, now, spot_days, endpoint, session)
+        table = read_price_file(prices) if prices else known_prices(base, "aws")
+        fresh = refresh_aws(regions, table, now, spot_days, endpoint, session,
+                            tuple(types) or TYPE_PATTERNS)
     elif provider == "gcp":
         if not project:
             raise ValueError("project: name the GCP project whose zones to list (--project)")

@@ -1,7 +1,7 @@
 """Rebuild the AWS part of the catalog from EC2's own API.
 
-- Instance types, GPUs, vCPUs and memory: ``DescribeInstanceTypes`` (every type with
-  ``GpuInfo``), in each region asked for.
+- Instance types, GPUs, vCPUs and memory: ``DescribeInstanceTypes`` (every ``g*`` and ``p*``
+  type with ``GpuInfo``, or other patterns), in each region asked for.
 - Spot prices: ``DescribeSpotPriceHistory`` for those types (Linux/UNIX) over the last
   ``spot_days``: the series goes to the spot history file, and the last price per zone is the
   zone's spot price.
@@ -30,6 +30,11 @@ from providers.catalog.rows import CatalogRow
 from providers.catalog.zones import carbon_zone
 
 SpotPoint = tuple[str, str, str, str, str, float]  # provider, region, zone, type, ISO time, $
+
+# EC2's NVIDIA GPU families are g* and p* (g4dn, g5, g6, g6e, p3, p4d, p5, ...); the others with
+# accelerators (dl1, trn1, inf2, f1, vt1) hold no GPU Spillway schedules. DescribeInstanceTypes'
+# ``instance-type`` filter takes these wildcards.
+TYPE_PATTERNS = ("g*", "p*")
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,14 @@ def _gpu_type(info: Mapping[str, Any], skipped: Counter[str]) -> AwsType | None:
                    info["MemoryInfo"]["SizeInMiB"] / 1024)
 
 
-def gpu_types(ec2: Any, skipped: Counter[str]) -> dict[str, AwsType]:
-    """Every GPU instance type the region offers that Spillway knows the GPU of."""
+def gpu_types(ec2: Any, skipped: Counter[str],
+              patterns: Sequence[str] = TYPE_PATTERNS) -> dict[str, AwsType]:
+    """Every GPU instance type matching ``patterns`` that the region offers and whose GPU
+    Spillway knows."""
     out = {}
-    for page in ec2.get_paginator("describe_instance_types").paginate():
+    pages = ec2.get_paginator("describe_instance_types").paginate(
+        Filters=[{"Name": "instance-type", "Values": list(patterns)}])
+    for page in pages:
         for info in page["InstanceTypes"]:
             if "GpuInfo" in info:
                 t = _gpu_type(info, skipped)
@@ -135,17 +144,18 @@ def _rows(region: str, types: Mapping[str, AwsType], points: Sequence[SpotPoint]
 
 def refresh_aws(regions: Sequence[str], prices: Mapping[tuple[str, str], float],
                 now: datetime, spot_days: float = 7.0, endpoint_url: str | None = None,
-                session: Any = None) -> Refreshed:
-    """Rows for every GPU type in ``regions``: on demand where ``prices`` has a price, spot
-    per zone from the last ``spot_days`` of price history. ``endpoint_url``: another EC2
-    endpoint (moto in tests); ``session``: a boto3 Session (default: the environment's)."""
+                session: Any = None, patterns: Sequence[str] = TYPE_PATTERNS) -> Refreshed:
+    """Rows for every GPU type in ``regions`` whose name matches ``patterns``: on demand where
+    ``prices`` has a price, spot per zone from the last ``spot_days`` of price history.
+    ``endpoint_url``: another EC2 endpoint (moto in tests); ``session``: a boto3 Session
+    (default: the environment's)."""
     boto3 = require("boto3", "aws", "aws")
     session = session or boto3.session.Session()
     fetched = now.astimezone(timezone.utc).strftime("%Y-%m-%d")
     out = Refreshed("aws", [], [])
     for region in regions:
         ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url)
-        types = gpu_types(ec2, out.skipped)
+        types = gpu_types(ec2, out.skipped, patterns)
         points = spot_points(ec2, region, types, now - timedelta(days=spot_days))
         out.rows += _rows(region, types, points, prices, fetched)
         out.spot += points

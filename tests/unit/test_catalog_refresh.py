@@ -18,7 +18,7 @@ import pytest
 
 from providers.base import Resources
 from providers.catalog import load_catalog, spot_file
-from providers.catalog.refresh import refresh
+from providers.catalog.refresh import known_prices, refresh
 from providers.catalog.refresh_aws import PriceFileError
 from providers.catalog.refresh_gcp import read_gcp_prices
 from tests.fake_ec2 import AWS_TEST_ENV, FaultProxy, moto_ec2
@@ -77,16 +77,11 @@ def test_aws_refresh_reads_types_and_spot_prices_and_keeps_the_rest(
     assert out.spot_path == spot_file(out.path) and out.spot_path.exists()
 
 
-@pytest.mark.slow  # moto's 1,400 instance types / google-cloud-compute's import
-def test_aws_refresh_without_a_price_file_keeps_known_on_demand_prices(
-        ec2: FaultProxy, tmp_path: Path) -> None:
-    out = refresh("aws", load_catalog(), tmp_path / "cat.csv", NOW, regions=["us-west-2"],
-                  endpoint=ec2.url)
-    offers = load_catalog(out.path).offers("aws", Resources(regions=("us-west-2",),
-                                                            market=None))
-    ondemand = {o.instance_type: o.price_per_hour for o in offers if o.zone == ""}
-    assert ondemand["p4d.24xlarge"] == 32.7726  # the shipped price for a type moto lists
-    assert "p5.48xlarge" not in ondemand  # no price known: spot rows only, if any
+def test_without_a_price_file_the_aws_refresher_keeps_known_on_demand_prices() -> None:
+    table = known_prices(load_catalog(), "aws")
+    assert table[("p4d.24xlarge", "us-west-2")] == 32.7726  # the shipped price
+    assert ("p3.2xlarge", "us-east-1b") not in table  # spot rows have no on-demand price
+    assert ("p5.48xlarge", "us-west-2") not in table  # unknown: spot rows only, if any
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
