@@ -6,8 +6,10 @@ cluster (each provider's ``instances()``) and the registered nodes, along the In
 table (broker/model/cloud.py):
 
 - REQUESTED whose machine the provider lists (a provisioner died between launch and record;
-  the request id in the tags finds it) -> BOOTING with its provider id; never listed within
-  ``boot_timeout_s`` -> FAILED;
+  the request id in the tags finds it) -> BOOTING with its provider id; not listed
+  ``RESEND_AFTER_S`` after the request (its message was lost with a provisioner that died
+  before launching) -> the launch is sent again; never listed within ``boot_timeout_s`` ->
+  FAILED;
 - BOOTING whose agent registered with its instance id -> READY; not registered within
   ``boot_timeout_s`` -> terminate, FAILED, and the zone cools down;
 - READY idle (no job holds a GPU on its node) longer than ``idle_timeout_s`` -> its node is
@@ -31,6 +33,7 @@ from providers.base import CloudMachine
 
 I = InstanceState  # noqa: E741
 GONE = frozenset({I.TERMINATED, I.FAILED})  # a machine in these states costs nothing
+RESEND_AFTER_S = 60.0  # longer than a launch's retries take (1 + 2 + 4 + 8 + 16 s)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Step:
     terminate: str = ""
     drain: str = ""
     block: bool = False
+    resend: bool = False  # send the record's launch again
     count: str = ""
 
 
@@ -118,6 +122,9 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
         if now - rec.requested_at > t.boot_timeout_s:
             return [Step(p, rid, I.FAILED, f"not launched within {t.boot_timeout_s:g}s",
                          count="failed")]
+        if now - rec.requested_at > RESEND_AFTER_S:
+            return [Step(p, rid, reason="no machine yet: its launch message was lost",
+                         resend=True, count="resent")]
         return []
     if machine is None or machine.state in GONE:
         what = "no longer lists it" if machine is None else \

@@ -21,8 +21,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
+from broker import commands
 from broker.cloud_settings import ProviderSettings
-from broker.lifecycle import Step, Timeouts, decide
+from broker.lifecycle import RESEND_AFTER_S, Step, Timeouts, decide
 from broker.model import Instance, InstanceState, NodeState, Offer
 from broker.runtime import Runtime
 from broker.store.instances import block_key_of, request_ids
@@ -53,6 +54,7 @@ class Provisioner:
         self.rt, self.clock = rt, clock
         self._providers: dict[str, Provider] = dict(providers or {})
         self._idle_since: dict[str, float] = {}
+        self._resent: dict[str, float] = {}  # request id -> when its launch was sent again
         self._offers_at = -1e18
         self.counts: Counter[str] = Counter()
 
@@ -210,8 +212,8 @@ class Provisioner:
         done: Counter[str] = Counter()
         for step in result.steps:
             try:
-                self._carry_out(step, now)
-                done[step.count] += 1
+                if self._carry_out(step, now):
+                    done[step.count] += 1
             except ProviderError as e:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
@@ -220,8 +222,19 @@ class Provisioner:
         self.counts.update(done)
         return done
 
-    def _carry_out(self, step: Step, now: float) -> None:
+    def _carry_out(self, step: Step, now: float) -> bool:
+        """Do one step; False if it was left for later (a launch sent again lately)."""
         store = self.rt.store
+        if step.resend:
+            if now - self._resent.get(step.request_id, -1e18) < RESEND_AFTER_S:
+                return False
+            inst = store.instance(step.request_id)
+            if inst is None or inst.state is not I.REQUESTED:
+                return False
+            self._resent[step.request_id] = now
+            commands.launch(self.rt.celery, inst.offer_id, 1, inst.request_id, inst.for_jobs)
+            log.warning("launch %s sent again: %s", step.request_id, step.reason)
+            return True
         if step.drain:
             store.set_node_state(step.drain, NodeState.DRAINING, by="spillway: idle")
         if step.terminate:
@@ -236,6 +249,7 @@ class Provisioner:
             cfg = self.settings.get(step.provider)
             if inst is not None and cfg is not None:
                 store.block(block_key_of(inst.offer_id), now + cfg.cooldown_s, step.reason)
+        return True
 
     def publish_offers(self, now: float) -> None:
         offers: list[Offer] = []

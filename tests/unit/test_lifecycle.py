@@ -123,3 +123,11 @@ def test_a_provider_whose_listing_failed_is_not_judged() -> None:
 def test_a_machine_whose_record_ended_is_an_orphan() -> None:
     [step] = run([], [machine("m9", "r9")], known=("r9",))
     assert (step.terminate, step.count) == ("m9", "orphans") and "ended" in step.reason
+
+
+def test_a_launch_lost_with_its_message_is_sent_again() -> None:
+    slow = Timeouts(boot_timeout_s=600.0, idle_timeout_s=30.0)
+    young, old = rec("r1", S.REQUESTED, at=NOW - 30), rec("r2", S.REQUESTED, at=NOW - 90)
+    out = decide(NOW, [young, old], {"local": {}}, [], frozenset(), {"local": slow}, {},
+                 frozenset({"r1", "r2"}))
+    assert [(s.request_id, s.resend, s.move) for s in out.steps] == [("r2", True, None)]

@@ -336,11 +336,11 @@ def test_the_launch_task_retries_a_throttled_launch_then_gives_up(
             faulty.fail = faulty.fail if calls["n"] < 3 else None
             return inner_launch(*a)
 
-        faulty.launch = twice_throttled  # type: ignore[method-assign]
+        faulty.launch = twice_throttled  # type: ignore[method-assign, assignment]
         provision_tasks.launch.apply(args=[faulty.inner.offer.id, 1, "r1", []])
         r1 = p.rt.store.instance("r1")
         assert calls["n"] == 3 and r1 is not None and r1.state is S.BOOTING
-        faulty.launch = inner_launch  # type: ignore[method-assign]
+        faulty.launch = inner_launch  # type: ignore[method-assign, assignment]
         faulty.fail = Retry("local", "throttled", code="RequestLimitExceeded")
         before = faulty.launches
         provision_tasks.launch.apply(args=[faulty.inner.offer.id, 1, "r2", []])
@@ -349,3 +349,24 @@ def test_the_launch_task_retries_a_throttled_launch_then_gives_up(
         assert r2 is not None and r2.state is S.FAILED and "gave up retrying" in r2.reason
     finally:
         provision_tasks.set_provisioner(None)
+
+
+def test_the_lifecycle_sends_a_lost_launch_again_once_a_minute(tmp_path: Path) -> None:
+    from tests.unit.test_commands import Recorder
+
+    cfg = Config(providers=parse_providers({"local": {}}), cluster_name="unit")
+    inner = local(tmp_path)
+    clock = {"now": 1000.0}
+    p = Provisioner(Runtime(cfg, "memory://"), {"local": inner}, clock=lambda: clock["now"])
+    sent = Recorder()
+    p.rt.__dict__["celery"] = sent  # (the cached Celery app: record what is sent)
+    requested(p, "r1", inner.offer.id)  # at 990: its message never arrived
+    clock["now"] = 1045.0
+    assert p.reconcile()["resent"] == 0  # not yet
+    clock["now"] = 1051.0
+    assert p.reconcile()["resent"] == 1
+    assert p.reconcile()["resent"] == 0  # once a minute
+    assert [(name, args) for name, args, _ in sent.sent] == [
+        ("spillway.launch", [inner.offer.id, 1, "r1", []])]
+    clock["now"] = 1125.0
+    assert p.reconcile()["resent"] == 1
