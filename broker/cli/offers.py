@@ -91,10 +91,10 @@ def _table(rows: list[dict[str, Any]], width: int | None) -> Any:
               f"{r['price_per_hour']:.3f}", f"{r['gpu_count']}x{r['gpu_model']}", r["provider"],
               r["zone"] or r["region"], r["market"], r["machine_type"], f"{r['vcpus']:g}",
               f"{r['memory_gb']:g}", r["carbon_zone"] or "-") for r in rows]
-    # the prices, GPUs and place are never cut; TYPE (the machine: GCP's GPUs are in GPUS) is
-    # shortened, then the columns to the right go (and the whole-instance price)
+    # the price of work, GPUs and place are never cut; TYPE (the machine: GCP's GPUs are in
+    # GPUS) is shortened, then CARBON, MEM GB, CPUS, $/H, $/GPU-H and CLOUD go, in that order
     table, keep = fitted_table(HEADS, cells, width, shorten={7: 13},
-                               droppable=(10, 9, 8, 2))
+                               droppable=(10, 9, 8, 2, 1, 4))
     for c in cells:
         table.add_row(*(escape(c[i]) for i in keep))
     return table

@@ -121,13 +121,18 @@ def test_onprem_price_and_catalog_from_the_config(tmp_path: Path) -> None:
     assert code == 2 and "catalog:" in err and "line 3: column ondemand_price" in err
 
 
-def test_the_table_fits_80_columns_and_keeps_places_whole() -> None:
+@pytest.mark.parametrize(("columns", "heads"), [
+    (80, ["$/WORK-H", "$/GPU-H", "$/H", "GPUS", "CLOUD", "ZONE/REGION", "MARKET", "TYPE"]),
+    (60, ["$/WORK-H", "GPUS", "ZONE/REGION", "MARKET", "TYPE"]),
+])
+def test_the_table_fits_the_terminal_and_keeps_places_whole(columns: int,
+                                                            heads: list[str]) -> None:
     code, out, _ = cli("offers", "--gpu", "A100", "--count", "8", "--limit", "6",
-                       env={"COLUMNS": "80"})
+                       env={"COLUMNS": str(columns)})
     assert code == 0
     lines = out.splitlines()
-    assert all(len(line.rstrip()) <= 80 for line in lines), out
-    assert lines[0].split()[:4] == ["$/WORK-H", "$/GPU-H", "$/H", "GPUS"]
+    assert all(len(line.rstrip()) <= columns for line in lines), out
+    assert lines[0].split()[:len(heads)] == heads
     assert "us-central1-a" in out and "a2-highgpu-8g" in out  # never cut
     wide = cli("offers", "--limit", "3", env={"COLUMNS": "200"})[1]
     assert "CARBON" in wide and "US-MIDW-MISO" in wide
