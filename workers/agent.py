@@ -42,7 +42,7 @@ from broker.store.base import BaseStore
 from broker.store.events import Exited, JobEvent, Started
 from workers.interruptions import make_watcher
 from workers.isolation import Keeper, detect
-from workers.procs import kill_leftovers
+from workers.procs import kill_leftovers, of_live_agent
 from workers.runner import Key, RunningPart, Supervisor
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,7 @@ class Agent:
         if killed:
             log.warning("killed %d leftover job process(es) of node %s", len(killed),
                         self.node_id)
+        self.isolation.reclaim(spare=of_live_agent)  # and the job cgroups they were in
         delay = 0.5
         while True:
             try:

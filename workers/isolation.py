@@ -39,23 +39,17 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from workers import keeper
+from workers import cgroupfs, keeper
+from workers.cgroupfs import V2_CONTROLLERS
 
 log = logging.getLogger(__name__)
 
-V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 
-
-_read = keeper._read  # (a file's text, or "" when it cannot be read)
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+_read, _write = cgroupfs.read, cgroupfs.write
 
 
 def safe_name(text: str) -> str:
@@ -72,6 +66,7 @@ class Isolation:
     pids_max: int = 4096
     missing: str = ""  # why there are no cgroups (kind none)
     by_thread: bool = False  # v1: the forking thread enters the job's cgroups (no sh step)
+    controllers: tuple[str, ...] = V2_CONTROLLERS  # v2: those enabled for the jobs
     keeper: Keeper | None = None  # set while a keeper watches this node's cgroups
     _memsw: bool | None = None  # v1: memory.memsw.* exists (swap accounting), probed once
     _homes: threading.local = field(default_factory=threading.local)
@@ -85,19 +80,7 @@ class Isolation:
         thread (where :meth:`JobBox.entering` sends it back)."""
         fds: list[int] | None = getattr(self._homes, "fds", None)
         if fds is None:
-            own = _own_v1_cgroups()
-            fds = []
-            try:
-                for d in self.node_dirs:
-                    h = _hierarchy(d)
-                    path = os.path.join(h, own.get(os.path.basename(h), "/").lstrip("/"),
-                                        "tasks")
-                    fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-            except OSError:
-                for fd in fds:
-                    os.close(fd)
-                raise
-            self._homes.fds = fds
+            fds = self._homes.fds = cgroupfs.open_home(self.node_dirs)
         return fds
 
     @property
@@ -140,16 +123,18 @@ class Isolation:
         mem = int(memory_gb * 2**30) if memory_gb > 0 else 0
         quota = int(cpus * CPU_PERIOD_US) if cpus > 0 else 0
         if self.kind == "v2":
-            d = dirs[0]
-            if mem:
+            d, on = dirs[0], self.controllers
+            if mem and "memory" in on:
                 _write(os.path.join(d, "memory.max"), str(mem))
                 if os.path.exists(os.path.join(d, "memory.swap.max")):
                     _write(os.path.join(d, "memory.swap.max"), "0")
-            if quota:
+            if quota and "cpu" in on:
                 _write(os.path.join(d, "cpu.max"), f"{max(quota, 1000)} {CPU_PERIOD_US}")
-            _write(os.path.join(d, "pids.max"), str(self.pids_max))
+            if "pids" in on:
+                _write(os.path.join(d, "pids.max"), str(self.pids_max))
         else:
-            by = {os.path.basename(_hierarchy(n)): d for n, d in zip(self.node_dirs, dirs)}
+            by = {os.path.basename(cgroupfs.hierarchy(n)): d
+                  for n, d in zip(self.node_dirs, dirs)}
             if mem:
                 _write(os.path.join(by["memory"], "memory.limit_in_bytes"), str(mem))
                 memsw = os.path.join(by["memory"], "memory.memsw.limit_in_bytes")
@@ -174,6 +159,16 @@ class Isolation:
             if not name.isdigit() or not _group_alive(int(name)):
                 with _quiet():
                     os.unlink(os.path.join(self.pgroup_dir, name))
+
+
+    def reclaim(self, spare: Callable[[int], bool]) -> int:
+        """Kill and remove the job cgroups an earlier agent of this node left with processes
+        in them (its keeper died with it), except those of a live agent (``spare``)."""
+        n = keeper.reclaim(self.kind, self.node_dirs, spare) if self.kind != "none" else 0
+        if n:
+            log.warning("killed the processes of %d job cgroup(s) that an earlier agent of this "
+                        "node left, and removed them", n)
+        return n
 
 
 def _group_alive(pgid: int) -> bool:
@@ -223,11 +218,10 @@ class JobBox:
             return
         home = self.iso.home_fds()  # (opened before leaving home)
         try:
-            for d in self.dirs:
-                _write(os.path.join(d, "tasks"), "0")  # 0: the writing thread itself
+            cgroupfs.enter(self.dirs)
             yield
         finally:
-            _go_home(home, self.iso.node_dirs)
+            cgroupfs.go_home(home, self.iso.node_dirs)
 
     def env(self) -> dict[str, str]:
         return {"SPILLWAY_SCRATCH_DIR": self.scratch, "TMPDIR": self.scratch}
@@ -288,36 +282,6 @@ class JobBox:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _go_home(home: list[int], node_dirs: list[str]) -> None:
-    """Write the calling thread back to its own cgroups. Failing that (its own cgroup was
-    removed), to each hierarchy's root, so that it never stays in a job's cgroup."""
-    for fd, d in zip(home, node_dirs):
-        try:
-            os.write(fd, b"0")
-        except OSError as e:
-            log.error("cannot move the job-starting thread back to its cgroup (%s); moving it "
-                      "to the root of %s", e, _hierarchy(d))
-            _write(os.path.join(_hierarchy(d), "tasks"), "0")
-
-
-def _hierarchy(node_dir: str) -> str:
-    """The v1 hierarchy (``/sys/fs/cgroup/memory``) of a node directory ``<h>/spillway/<node>``."""
-    return os.path.dirname(os.path.dirname(node_dir))
-
-
-def _own_v1_cgroups() -> dict[str, str]:
-    """The calling thread's v1 cgroups: hierarchy name (``memory``, ``cpu,cpuacct``) -> path;
-    each controller of a joined hierarchy maps too."""
-    out: dict[str, str] = {}
-    for line in _read("/proc/thread-self/cgroup").splitlines():
-        _, names, path = line.split(":", 2)
-        if names:
-            out[names] = path
-            for n in names.split(","):
-                out[n] = path
-    return out
-
-
 def _field(text: str, key: str) -> int:
     for line in text.splitlines():
         k, _, v = line.partition(" ")
@@ -332,9 +296,11 @@ def _field(text: str, key: str) -> int:
 
 def detect(node_id: str, work_dir: str, pids_max: int = 4096,
            v2_root: str | None = None, v1_root: str = "/sys/fs/cgroup",
-           warn: bool = True) -> Isolation:
+           warn: bool = True, v2_controllers: tuple[str, ...] = V2_CONTROLLERS
+           ) -> Isolation:
     """The best isolation this host allows. ``v2_root``: the cgroup2 mount (default: the one
-    at ``/sys/fs/cgroup``, else ``/sys/fs/cgroup/unified``)."""
+    at ``/sys/fs/cgroup``, else ``/sys/fs/cgroup/unified``); ``v2_controllers``: those v2
+    needs (tests pass fewer to run membership and kill on a mount without controllers)."""
     node = safe_name(node_id)
     reasons = []
     roots = [v2_root] if v2_root else ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
@@ -342,17 +308,17 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
         if not os.path.exists(os.path.join(root, "cgroup.controllers")):
             continue
         try:
-            node_dir = _make_v2(root, node)
+            node_dir = cgroupfs.make_v2(root, node, v2_controllers)
         except OSError as e:
             reasons.append(f"cgroup v2 at {root}: {e}")
             continue
-        iso = Isolation("v2", [node_dir], work_dir, pids_max)
+        iso = Isolation("v2", [node_dir], work_dir, pids_max, controllers=v2_controllers)
         break
     else:
         if not reasons:
             reasons.append("no cgroup v2 mount")
         try:
-            iso = Isolation("v1", _make_v1(v1_root, node), work_dir, pids_max)
+            iso = Isolation("v1", cgroupfs.make_v1(v1_root, node), work_dir, pids_max)
             iso.by_thread = _thread_can_enter(iso)
         except OSError as e:
             reasons.append(f"cgroup v1: {e}")
@@ -372,33 +338,6 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
     return iso
 
 
-def _make_v2(root: str, node: str) -> str:
-    have = _read(os.path.join(root, "cgroup.controllers")).split()
-    lacking = [c for c in V2_CONTROLLERS if c not in have]
-    if lacking:
-        raise OSError(f"controllers {', '.join(lacking)} not delegated "
-                      f"(cgroup.controllers: {' '.join(have) or 'empty'})")
-    enable = " ".join("+" + c for c in V2_CONTROLLERS)
-    path = root
-    for part in ("spillway", node):
-        _enable(path, enable)
-        path = os.path.join(path, part)
-        os.makedirs(path, exist_ok=True)
-    _enable(path, enable)
-    return path
-
-
-def _enable(path: str, enable: str) -> None:
-    ctl = os.path.join(path, "cgroup.subtree_control")
-    on = _read(ctl).split()
-    if all(c in on for c in V2_CONTROLLERS):
-        return
-    try:
-        _write(ctl, enable)
-    except OSError as e:
-        raise OSError(f"cannot enable {enable} in {ctl}: {e.strerror}") from None
-
-
 def _thread_can_enter(iso: Isolation) -> bool:
     """v1: can this thread move itself into the node's cgroups and back (``tasks``)?"""
     try:
@@ -407,29 +346,13 @@ def _thread_can_enter(iso: Isolation) -> bool:
         log.info("cgroup v1: cannot open this thread's own tasks files (%s)", e)
         return False
     try:
-        for d in iso.node_dirs:
-            _write(os.path.join(d, "tasks"), "0")
+        cgroupfs.enter(iso.node_dirs)
     except OSError as e:
-        log.info("cgroup v1: a thread cannot enter %s (%s)", d, e)
+        log.info("cgroup v1: a thread cannot enter the node's cgroups (%s)", e)
         return False
     finally:
-        _go_home(home, iso.node_dirs)
+        cgroupfs.go_home(home, iso.node_dirs)
     return True
-
-
-def _make_v1(root: str, node: str) -> list[str]:
-    dirs = []
-    for c in keeper.V1_CONTROLLERS:
-        h = os.path.join(root, c)
-        if not os.path.exists(os.path.join(h, "cgroup.procs")):
-            raise OSError(f"the {c} hierarchy is not mounted at {h}")
-        d = os.path.join(h, "spillway", node)
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError as e:
-            raise OSError(f"cannot create {d}: {e.strerror}") from None
-        dirs.append(d)
-    return dirs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")
 
@@ -92,6 +93,8 @@ def remove(path: str, wait_s: float = 2.0) -> bool:
             return True
         except FileNotFoundError:
             return True
+        except NotADirectoryError:
+            return False
         except OSError:
             if time.monotonic() >= deadline:
                 return False
@@ -105,13 +108,13 @@ def kill_node(kind: str, node_dirs: list[str], pgroup_dir: str) -> int:
     n = 0
     if kind == "v2":
         for d in node_dirs:
-            for name in _listdir(d):
-                job = os.path.join(d, name)
-                if os.path.isdir(job):
-                    kill_v2(job)
-                    n += 1
-            for name in _listdir(d):
-                remove(os.path.join(d, name))
+            jobs = [os.path.join(d, name) for name in _listdir(d)
+                    if os.path.isdir(os.path.join(d, name))]  # (not the node's own files)
+            for job in jobs:
+                kill_v2(job)
+                n += 1
+            for job in jobs:
+                remove(job)
     elif kind == "v1":
         names = sorted({n for d in node_dirs for n in _listdir(d)
                         if os.path.isdir(os.path.join(d, n))})
@@ -131,6 +134,28 @@ def kill_node(kind: str, node_dirs: list[str], pgroup_dir: str) -> int:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(pgroup_dir, name))
     return n
+
+
+def reclaim(kind: str, node_dirs: list[str], spare: Callable[[int], bool]) -> int:
+    """An agent starting after a crash that took its keeper too: kill and remove every job
+    cgroup under the node's directories, except one holding a process ``spare`` names (a live
+    agent's job). Returns how many held processes."""
+    names = sorted({n for d in node_dirs for n in _listdir(d) if os.path.isdir(os.path.join(d, n))})
+    killed = 0
+    for name in names:
+        dirs = [os.path.join(d, name) for d in node_dirs if os.path.isdir(os.path.join(d, name))]
+        pids = {p for d in dirs for p in pids_in(d)}
+        if any(spare(p) for p in pids):
+            continue
+        if pids:
+            for d in dirs if kind == "v2" else ():
+                kill_v2(d)
+            if kind == "v1":
+                kill_v1(dirs)
+            killed += 1
+        for d in dirs:
+            remove(d)
+    return killed
 
 
 def _listdir(d: str) -> list[str]:

@@ -233,6 +233,17 @@ def _live_agent(tag: str) -> bool:
     return pid.isdigit() and _start_time(int(pid)) == start
 
 
+def of_live_agent(pid: int) -> bool:
+    """Does ``pid`` carry (``SPILLWAY_AGENT``) the tag of an agent that still runs?"""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    tag = next((e[15:].decode() for e in env if e.startswith(b"SPILLWAY_AGENT=")), "")
+    return bool(tag) and _live_agent(tag)
+
+
 def find_leftovers(node_id: str, exclude: Iterable[int] = ()) -> list[int]:
     """Pids whose environment has ``SPILLWAY_NODE_ID=<node_id>`` and whose agent
     (``SPILLWAY_AGENT``) is gone, except this process, its ancestors and ``exclude``.

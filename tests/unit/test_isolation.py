@@ -20,6 +20,7 @@ from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
 from workers import keeper
+from workers.agent import Agent
 from workers.isolation import Isolation, JobBox, Keeper, detect
 from workers.runner import RunningPart, Supervisor
 
@@ -310,3 +311,38 @@ def test_a_clean_stop_leaves_no_empty_cgroup_of_the_node(v1: Isolation) -> None:
     os.makedirs(os.path.join(v1.node_dirs[0], "leftover-1-0"), exist_ok=True)
     Keeper(v1).stop()
     assert not any(os.path.exists(d) for d in v1.node_dirs)
+
+
+@needs_v1
+def test_an_agent_start_reclaims_the_job_cgroups_a_crash_left(tmp_path: Path) -> None:
+    """The agent and its keeper died together (a power cut, kill -9 of both): the next agent
+    of the node kills what is still in the old job cgroups (here a process without the node
+    id in its environment, which the /proc scan cannot tell apart) and removes them all."""
+    node = f"crash-{uuid.uuid4().hex[:8]}"
+    work = str(tmp_path / "agent")
+    old = detect(node, work, warn=False)
+    box = old.box("left", 1, 0, memory_gb=0, cpus=0)
+    p = start(box, ["env", "-i", "sleep", "300"], start_new_session=True)
+    wait_for(lambda: keeper.pids_in(box.dirs[0]), 5, "the leftover's process")
+    agent = Agent(MemoryStore(), Config(heartbeat_s=60.0), Node(node, (), incarnation="i2"),
+                  work)
+    try:
+        assert agent.register()
+        assert p.wait(5) == -9
+        assert not any(os.path.isdir(os.path.join(d, n))
+                       for d in agent.isolation.node_dirs for n in os.listdir(d))
+    finally:
+        agent.close()
+        for d in old.node_dirs:
+            keeper.remove(d, wait_s=0)
+
+
+@needs_v1
+def test_reclaim_spares_the_jobs_of_a_live_agent(v1: Isolation) -> None:
+    box = v1.box("live", 1, 0, memory_gb=0, cpus=0)
+    p = start(box, ["sleep", "300"], start_new_session=True)
+    wait_for(lambda: keeper.pids_in(box.dirs[0]), 5, "the job's process")
+    assert v1.reclaim(spare=lambda pid: pid == p.pid) == 0
+    assert p.poll() is None and all(os.path.isdir(d) for d in box.dirs)
+    assert v1.reclaim(spare=lambda pid: False) == 1
+    assert p.wait(5) == -9 and not any(os.path.exists(d) for d in box.dirs)
