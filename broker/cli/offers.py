@@ -178,8 +178,8 @@ def refresh_cmd(
                                             "AWS needs one; GCP default: all).")] = None,
     project: Annotated[str, Opt("--project", help="GCP project whose zones to list.")] = "",
     prices: Annotated[Path | None, Opt("--prices", dir_okay=False, help="Price file: AWS CSV "
-                                       "instance_type,region,price; GCP JSON (docs/catalog."
-                                       "md).")] = None,
+                                       "instance_type,region,price[,fetched_at]; GCP "
+                                       "JSON (docs/catalog.md).")] = None,
     endpoint: Annotated[str | None, Opt("--endpoint", help="Another API endpoint (a test "
                                         "double).")] = None,
     types: Annotated[list[str] | None, Opt("--types", help="AWS: instance-type patterns "

@@ -16,6 +16,7 @@ from typing import Any
 from providers.catalog.catalog import Catalog, forget_cached, spot_file
 from providers.catalog.refresh_aws import (
     TYPE_PATTERNS,
+    Quote,
     Refreshed,
     read_price_file,
     refresh_aws,
@@ -37,11 +38,11 @@ class Written:
     skipped: dict[str, int]
 
 
-def known_prices(base: Catalog, provider: str) -> dict[tuple[str, str], float]:
-    """The on-demand prices the catalog knows for ``provider``: {(type, region): $/h} (the
-    AWS refresher's prices when no price file is given)."""
-    return {(r.instance_type, r.region): r.ondemand_price for r in base.rows
-            if r.provider == provider and r.ondemand_price is not None}
+def known_prices(base: Catalog, provider: str) -> dict[tuple[str, str], Quote]:
+    """The on-demand prices the catalog knows for ``provider``, with their source and date
+    (the AWS refresher's prices when no price file is given)."""
+    return {(r.instance_type, r.region): Quote(r.ondemand_price, r.source, r.fetched_at)
+            for r in base.rows if r.provider == provider and r.ondemand_price is not None}
 
 
 def merge(base: Catalog, fresh: Refreshed, regions: Sequence[str], out: Path) -> Written:

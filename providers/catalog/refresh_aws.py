@@ -6,9 +6,10 @@
   ``spot_days``: the series goes to the spot history file, and the last price per zone is the
   zone's spot price.
 - On-demand prices: EC2 does not list them. They come from a price file (CSV with columns
-  ``instance_type,region,price``, dollars per hour; the AWS Price List API or its bulk files
-  give these numbers) or, without one, from the current catalog's on-demand rows for the same
-  type and region. A type with no on-demand price gets spot rows only.
+  ``instance_type,region,price[,fetched_at]``, dollars per hour; the AWS Price List API or its
+  bulk files give these numbers) or, without one, from the current catalog's on-demand rows
+  for the same type and region (keeping their source and date). A type with no on-demand price
+  gets spot rows only.
 
 boto3 is the ``aws`` extra, imported here only.
 """
@@ -60,11 +61,22 @@ class PriceFileError(ValueError):
     """A price file is unreadable or malformed; the message names the file and line."""
 
 
-def read_price_file(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
-    """``instance_type,region,price`` rows -> {(type, region): $/h}."""
+@dataclass(frozen=True)
+class Quote:
+    """An on-demand price, where it came from and its date (the row's source, fetched_at)."""
+
+    price: float
+    source: str
+    fetched_at: str
+
+
+def read_price_file(path: str | os.PathLike[str]) -> dict[tuple[str, str], Quote]:
+    """``instance_type,region,price[,fetched_at]`` rows -> {(type, region): Quote}; a row
+    without ``fetched_at`` is dated by the file's modification time."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+        dated = datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc).strftime("%Y-%m-%d")
     except OSError as e:
         raise PriceFileError(f"cannot read price file {p}: {e.strerror}") from None
     reader = csv.DictReader(text.splitlines())
@@ -77,7 +89,9 @@ def read_price_file(path: str | os.PathLike[str]) -> dict[tuple[str, str], float
         except ValueError:
             raise PriceFileError(f"{p} line {reader.line_num}: price {rec['price']!r} is not "
                                  "a number") from None
-        out[(rec["instance_type"].strip(), rec["region"].strip())] = price
+        when = (rec.get("fetched_at") or "").strip() or dated
+        out[(rec["instance_type"].strip(), rec["region"].strip())] = Quote(
+            price, f"aws price file {p.name}", when)
     return out
 
 
@@ -125,15 +139,16 @@ def spot_points(ec2: Any, region: str, types: Iterable[str], since: datetime) ->
 
 
 def _rows(region: str, types: Mapping[str, AwsType], points: Sequence[SpotPoint],
-          prices: Mapping[tuple[str, str], float], fetched: str) -> list[CatalogRow]:
+          prices: Mapping[tuple[str, str], Quote]) -> list[CatalogRow]:
     def make(t: AwsType, zone: str, ondemand: float | None, spot: float | None,
              source: str, when: str) -> CatalogRow:
         return CatalogRow("aws", region, zone, t.instance_type, t.gpu_model, t.gpu_count,
                           float(memory_of(t.gpu_model)), t.vcpus, t.memory_gb, ondemand, spot,
                           carbon_zone("aws", region), source, when)
 
-    rows = [make(t, "", prices[(name, region)], None, "aws price file", fetched)
-            for name, t in sorted(types.items()) if (name, region) in prices]
+    quotes = {name: prices[(name, region)] for name in types if (name, region) in prices}
+    rows = [make(types[name], "", q.price, None, q.source, q.fetched_at)
+            for name, q in sorted(quotes.items())]
     last: dict[tuple[str, str], tuple[str, float]] = {}
     for _, _, zone, name, when, price in sorted(points):
         last[(zone, name)] = (when, price)
@@ -142,22 +157,21 @@ def _rows(region: str, types: Mapping[str, AwsType], points: Sequence[SpotPoint]
     return rows
 
 
-def refresh_aws(regions: Sequence[str], prices: Mapping[tuple[str, str], float],
+def refresh_aws(regions: Sequence[str], prices: Mapping[tuple[str, str], Quote],
                 now: datetime, spot_days: float = 7.0, endpoint_url: str | None = None,
                 session: Any = None, patterns: Sequence[str] = TYPE_PATTERNS) -> Refreshed:
     """Rows for every GPU type in ``regions`` whose name matches ``patterns``: on demand where
-    ``prices`` has a price, spot per zone from the last ``spot_days`` of price history.
+    ``prices`` has a quote, spot per zone from the last ``spot_days`` of price history.
     ``endpoint_url``: another EC2 endpoint (moto in tests); ``session``: a boto3 Session
     (default: the environment's)."""
     boto3 = require("boto3", "aws", "aws")
     session = session or boto3.session.Session()
-    fetched = now.astimezone(timezone.utc).strftime("%Y-%m-%d")
     out = Refreshed("aws", [], [])
     for region in regions:
         ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url)
         types = gpu_types(ec2, out.skipped, patterns)
         points = spot_points(ec2, region, types, now - timedelta(days=spot_days))
-        out.rows += _rows(region, types, points, prices, fetched)
+        out.rows += _rows(region, types, points, prices)
         out.spot += points
         for name in sorted(types):
             if (name, region) not in prices and not any(p[3] == name for p in points):

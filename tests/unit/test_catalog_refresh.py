@@ -45,8 +45,8 @@ def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_aws_refresh_reads_types_and_spot_prices_and_keeps_the_rest(
         ec2: FaultProxy, tmp_path: Path) -> None:
     prices = tmp_path / "aws_prices.csv"
-    prices.write_text("instance_type,region,price\np5.48xlarge,us-east-1,98.32\n"
-                      "g5.xlarge,us-east-1,1.006\n")
+    prices.write_text("instance_type,region,price,fetched_at\n"
+                      "p5.48xlarge,us-east-1,98.32,2026-11-30\ng5.xlarge,us-east-1,1.006,\n")
     base = load_catalog()
     ec2.inject("DescribeInstanceTypes", "RequestLimitExceeded")  # botocore retries it
     out = refresh("aws", base, tmp_path / "cat.csv", NOW, regions=["us-east-1"],
@@ -59,7 +59,11 @@ def test_aws_refresh_reads_types_and_spot_prices_and_keeps_the_rest(
     by_id = {o.id: o for o in fresh}
     p5 = by_id["aws:us-east-1:ondemand/p5.48xlarge"]  # moto's types, the file's price
     assert (p5.gpu_model, p5.gpu_count, p5.price_per_hour) == ("H100-80GB", 8, 98.32)
-    assert p5.extra["vcpus"] == 192 and p5.extra["fetched_at"] == "2026-12-01"
+    assert p5.extra["vcpus"] == 192 and p5.extra["fetched_at"] == "2026-11-30"
+    assert p5.extra["source"] == "aws price file aws_prices.csv"
+    g5 = by_id["aws:us-east-1:ondemand/g5.xlarge"]  # no date in the file: the file's own
+    assert g5.extra["fetched_at"] == datetime.fromtimestamp(
+        prices.stat().st_mtime, tz=timezone.utc).strftime("%Y-%m-%d")
     assert p5.carbon_zone == "US-MIDA-PJM"
     spot = [o for o in fresh if o.market.value == "spot"]
     assert spot and all(o.zone.startswith("us-east-1") for o in spot)
@@ -79,7 +83,9 @@ def test_aws_refresh_reads_types_and_spot_prices_and_keeps_the_rest(
 
 def test_without_a_price_file_the_aws_refresher_keeps_known_on_demand_prices() -> None:
     table = known_prices(load_catalog(), "aws")
-    assert table[("p4d.24xlarge", "us-west-2")] == 32.7726  # the shipped price
+    p4d = table[("p4d.24xlarge", "us-west-2")]  # the shipped price, source and date
+    assert (p4d.price, p4d.source, p4d.fetched_at) == (32.7726, "skypilot aws.csv@1b1eb32",
+                                                       "2021-11-10")
     assert ("p3.2xlarge", "us-east-1b") not in table  # spot rows have no on-demand price
     assert ("p5.48xlarge", "us-west-2") not in table  # unknown: spot rows only, if any
 
