@@ -252,6 +252,8 @@ def test_the_worker_unit_leaves_jobs_their_gpus_and_files() -> None:
     assert "ProtectHome" not in svc  # jobs read users' code and data
     assert svc["ProtectSystem"] == "full"  # not strict: checkpoints go anywhere
     assert svc["KillMode"] == "mixed"
+    # its cgroup subtree is its own: job cgroups go in <unit>/jobs (workers/cgroupfs.py)
+    assert svc["Delegate"] == "yes" and "ProtectControlGroups" not in svc
     assert svc["ExecStart"].split()[-1] == "/var/lib/spillway"
     assert svc["StateDirectory"] == "spillway"
 
