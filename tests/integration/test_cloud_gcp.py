@@ -108,7 +108,7 @@ def test_gcp_round_trip_stockout_and_throttling(redis_url: str, tmp_path: Path) 
             # idle past idle_timeout_s: drained, then the instance is deleted
             wait_until(lambda: _state(c, rid) is I.TERMINATED, 60, "the idle node released")
             assert [h.state for h in c.store.instance(rid).history] == [  # type: ignore[union-attr]
-                I.BOOTING, I.READY, I.DRAINING, I.TERMINATED]
+                I.REQUESTED, I.BOOTING, I.READY, I.DRAINING, I.TERMINATED]
             wait_until(lambda: machines.running() == [], 30, "the machine to shut down")
             assert fake.labelled(CLUSTER_TAG, cluster) == []
 

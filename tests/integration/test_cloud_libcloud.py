@@ -96,7 +96,7 @@ def test_libcloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             wait_until(lambda: (i := c.store.instance(rid)) and i.state is I.TERMINATED, 60,
                        "the idle node to be released")
             assert [h.state for h in c.store.instance(rid).history] == [  # type: ignore[union-attr]
-                I.BOOTING, I.READY, I.DRAINING, I.TERMINATED]
+                I.REQUESTED, I.BOOTING, I.READY, I.DRAINING, I.TERMINATED]
             wait_until(lambda: machines.running() == [], 30, "the machine to shut down")
             counts["jobs_lost"] = sum(j.state is not JobState.SUCCEEDED
                                       for j in c.client.list())
