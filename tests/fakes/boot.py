@@ -9,7 +9,8 @@ session, ``$SPILLWAY_METADATA_URL`` pointing at that service. When the cloud del
 machine its processes get SIGTERM (an OS shutdown), then SIGKILL after ``grace_s``.
 
 :func:`boot_gce` hooks it to the fake Compute endpoint's listeners (an instance starts RUNNING:
-boot; it is deleted: halt). :class:`LibcloudBooter` polls a libcloud driver's nodes.
+boot; preempted: its metadata says so; deleted: halt). :class:`LibcloudBooter` polls a
+libcloud driver's nodes.
 """
 
 from __future__ import annotations
@@ -124,7 +125,13 @@ def boot_gce(fake: FakeCompute, machines: Machines) -> None:
         machines.boot(inst["name"], items.get("startup-script", ""),
                       inst["zone"].rsplit("/", 1)[-1], inst["machineType"].rsplit("/", 1)[-1])
 
+    def preempted(inst: dict[str, Any]) -> None:
+        m = machines.machines.get(inst["name"])
+        if m is not None:
+            m.meta.interrupt()  # instance/preempted says TRUE from now on
+
     fake.on_running.append(running)
+    fake.on_preempted.append(preempted)
     fake.on_gone.append(lambda inst: machines.halt(inst["name"]))
 
 

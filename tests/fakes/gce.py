@@ -18,7 +18,8 @@ waited on, or all at once after ``op_seconds``; so a client must wait for them, 
 endpoint (whose ``wait`` also returns before DONE at times). An inserted instance is
 PROVISIONING, STAGING while its operation runs, RUNNING when it is DONE; a deleted one is
 STOPPING, then gone. Listeners hear when an instance starts RUNNING and when it goes away
-(the boot shim in tests/fakes/gce_boot.py runs its startup-script then).
+(the boot shim in tests/fakes/boot.py runs its startup-script then), and
+:meth:`FakeCompute.preempt` takes a SPOT instance back.
 
 Checks a real endpoint makes and this one copies: instance names and label keys/values must
 match Compute's patterns, ``requestId`` must be a UUID, an A2/A3/A4/G2 machine type takes no
@@ -96,6 +97,7 @@ class FakeCompute:
     inserts: list[dict[str, Any]] = field(default_factory=list)  # every insert body accepted
     on_running: list[Listener] = field(default_factory=list)
     on_gone: list[Listener] = field(default_factory=list)
+    on_preempted: list[Listener] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._ops: dict[tuple[str, str, str], _Op] = {}
@@ -378,6 +380,22 @@ class FakeCompute:
         op.body.update(op.finish() or {})
 
     # -- for tests ------------------------------------------------------------------------
+
+    def preempt(self, name: str) -> None:
+        """Take a SPOT instance back as Compute does: listeners hear it first (its metadata
+        says ``preempted``), it is STOPPING, then after ``op_seconds`` deleted, or
+        TERMINATED when its ``instanceTerminationAction`` is STOP (a system operation,
+        ``compute.instances.preempted``)."""
+        with self._lock:
+            key, inst = next((k, i) for k, i in self.instances.items() if k[2] == name)
+            for listener in list(self.on_preempted):
+                listener(inst)
+            inst["status"] = "STOPPING"
+            stop = inst.get("scheduling", {}).get("instanceTerminationAction") == "STOP"
+            op = self._new_op(key[0], key[1], "compute.instances.preempted", inst,
+                              (lambda: inst.update(status="TERMINATED")) if stop
+                              else (lambda: self._finish_delete(key)))
+            self._ops[(key[0], key[1], op["name"])].steps_left = 10**9  # time decides
 
     def labelled(self, key: str, value: str) -> list[dict[str, Any]]:
         with self._lock:

@@ -10,6 +10,10 @@ name as its instance id -> a job runs there with the machine's GPU in CUDA_VISIB
 the node goes idle -> it is drained and the instance deleted -> nothing labelled with the
 test's cluster is left. Then, on the same system: a stockout fails the launch and blocks the
 zone, and a launch throttled once (HTTP 429) is retried by the provisioner and comes up.
+
+Also, without the rest of the system: the boot shim runs startup scripts with their metadata
+server, and a preemption by the fake reaches the machine (``instance/preempted``) before
+Compute deletes it and the shim shuts it down.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 import yaml
 
 from broker.model import InstanceState
+from broker.model.cloud import Market, Offer
 from broker.state import JobState
 from broker.store.instances import block_key_of
 from providers.base import CLUSTER_TAG, REQUEST_TAG
@@ -38,6 +43,56 @@ I = InstanceState  # noqa: E741
 SITE_A = "gcp:us-central1:us-central1-a:spot"
 OFFER_A = f"{SITE_A}/a2-highgpu-1g"
 OFFER_B = "gcp:us-central1:us-central1-b:spot/a2-highgpu-1g"
+
+
+# What the rendered startup script does first (providers/userdata.py): its name from the
+# metadata server; here it then records what it learnt, watches instance/preempted as the
+# agent's spot watcher does, and waits to be shut down.
+PROBE = """#!/bin/sh
+set -eu
+META="${SPILLWAY_METADATA_URL:-http://metadata.google.internal}"
+get() { curl -sf -H "Metadata-Flavor: Google" "$META/computeMetadata/v1/instance/$1"; }
+NAME=$(get name)
+echo "$NAME $(get zone)" > booted
+trap 'echo "shutdown $NAME" > stopped; exit 0' TERM
+while :; do
+  if [ "$(get preempted)" = TRUE ] && [ ! -e preempted ]; then echo TRUE > preempted; fi
+  sleep 0.1
+done
+"""
+
+
+def test_boot_shim_runs_the_startup_script_and_preemption_reaches_it(tmp_path: Path) -> None:
+    from providers.gcp import GcpProvider
+    from tests.fakes.gce import serving as fake_compute
+
+    offer = Offer("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "A100-40GB", 1,
+                  40.0, Market.SPOT, 1.1)
+    with fake_compute(op_seconds=0.5) as fake:
+        machines = Machines(tmp_path, grace_s=5)
+        boot_gce(fake, machines)
+        try:
+            p = GcpProvider("gcp", "c1", "proj", ["us-central1-a"], endpoint=fake.url,
+                            anonymous=True)
+            a, b = p.launch(offer, 2, "req-boot", PROBE)
+            for m in (a, b):
+                booted = tmp_path / m.provider_id / "booted"
+                wait_until(lambda f=booted: f.exists() and f.read_text(), 30, "a boot")
+                assert booted.read_text() == \
+                    f"{m.provider_id} projects/0/zones/us-central1-a\n"
+            assert machines.booted == 2
+            fake.preempt(a.provider_id)  # the metadata says so, then Compute deletes it
+            wait_until(lambda: (tmp_path / a.provider_id / "preempted").exists(), 30,
+                       "the preemption notice to reach the machine")
+            wait_until(lambda: (tmp_path / a.provider_id / "stopped").exists(), 30,
+                       "the preempted machine to shut down")
+            assert machines.running() == [b.provider_id]
+            p.terminate([b.provider_id])
+            wait_until(lambda: machines.running() == [], 30, "the other to shut down")
+            assert not (tmp_path / b.provider_id / "preempted").exists()
+            assert p.instances() == {}
+        finally:
+            machines.stop()
 
 
 def _offer(zone: str) -> dict[str, Any]:

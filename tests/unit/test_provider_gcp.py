@@ -178,6 +178,21 @@ def test_native_statuses_map_onto_instance_states(fake, native, state) -> None:
     assert (listed.state, listed.native_state) == (state, native)
 
 
+@pytest.mark.parametrize(("action", "end"), [("DELETE", None), ("STOP", InstanceState.FAILED)])
+def test_a_preempted_spot_machine_stops_and_is_deleted_or_kept_stopped(action, end) -> None:
+    from broker.waiting import poll_until
+
+    with serving(op_seconds=0.3) as fake:
+        p = provider(fake, termination_action=action)
+        [m] = p.launch(A2_SPOT, 1, "req-pre", SCRIPT)
+        fake.preempt(m.provider_id)
+        assert p.instances()[m.provider_id].state is InstanceState.TERMINATED  # STOPPING
+        poll_until(lambda: p.instances().get(m.provider_id, m).native_state != "STOPPING", 10,
+                   "the preemption to end")
+        listed = p.instances().get(m.provider_id)
+        assert (listed.state if listed else None) is end
+
+
 # -- faults -------------------------------------------------------------------------------
 
 
