@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from broker.model.cloud import InstanceState, Market, Offer
 from providers.aws_errors import classify, is_not_found
@@ -30,6 +30,13 @@ from providers.base import (
     Stop,
     check_label,
     require,
+)
+from providers.offer_source import (
+    OfferCatalog,
+    OfferList,
+    catalog_or_path,
+    default_catalog,
+    offers_from_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -49,12 +56,6 @@ STATES: dict[str, InstanceState] = {
 USER_DATA_MAX = 16 * 1024  # EC2's limit on user data, before base64
 PAGE_SIZE = 200  # describe_instances results a page
 DEFAULT_IMAGE_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
-
-
-class OfferSource(Protocol):
-    """The offer catalog (providers/catalog): every offer of a provider for a request."""
-
-    def offers(self, provider: str, request: Resources) -> list[Offer]: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class AwsProvider:
                  security_groups: Sequence[str] = (), key_name: str = "",
                  subnets: Mapping[str, str] | None = None, iam_instance_profile: str = "",
                  spot_max_price: float | None = None, profile: str = "",
-                 api_attempts: int = 3, catalog: OfferSource | str | None = None) -> None:
+                 api_attempts: int = 3, catalog: OfferCatalog | str | None = None,
+                 offers: Sequence[Mapping[str, Any]] = ()) -> None:
         self.name, self.cluster = name, check_label(cluster, "cluster")
         defaults = {"image": image, "image_name": image_name, "image_owner": image_owner,
                     "security_groups": security_groups, "key_name": key_name}
@@ -101,7 +103,13 @@ class AwsProvider:
             raise ProviderConfigError(f"providers.{name}.api_attempts: {api_attempts!r} must "
                                       "be a whole number >= 1 (tries per EC2 call)")
         self.api_attempts = api_attempts
-        self._catalog = catalog
+        where = f"providers.{name}"
+        try:
+            if offers:  # written in the configuration instead of the catalog's
+                catalog = OfferList(offers_from_settings(self.kind, offers, _region_of, where))
+            self._catalog, self._catalog_path = catalog_or_path(catalog, where)
+        except ValueError as e:
+            raise ProviderConfigError(str(e)) from None
         self._boto3 = require("boto3", name, "aws")
         self._lock = threading.Lock()
         self._session: Any = None
@@ -130,11 +138,9 @@ class AwsProvider:
             out += [replace(o, provider=self.name, zone=z) for z in zones]
         return out
 
-    def _offer_source(self) -> OfferSource:
-        if self._catalog is None or isinstance(self._catalog, str):
-            from providers.catalog import load_catalog
-
-            self._catalog = load_catalog(self._catalog)
+    def _offer_source(self) -> OfferCatalog:
+        if self._catalog is None:  # the shipped catalog, or the file configured; Stop if bad
+            self._catalog = default_catalog(self.name, self._catalog_path)
         return self._catalog
 
     # -- launch --------------------------------------------------------------------------------
@@ -342,6 +348,11 @@ class AwsProvider:
                     "ec2", region_name=region, endpoint_url=self.endpoint_url or None,
                     config=cfg)
             return self._clients[region]
+
+
+def _region_of(zone: str) -> str:
+    """An EC2 zone's region: us-east-1a -> us-east-1 (Local Zones aside)."""
+    return zone[:-1] if zone[-1:].isalpha() else zone
 
 
 def client_token(cluster: str, request_id: str) -> str:

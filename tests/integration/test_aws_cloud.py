@@ -2,11 +2,12 @@
 and the test-side boot shim (tests/boot_shim.py) that runs each moto instance's user data as a
 local process with its own IMDSv2 metadata service.
 
-Round trip: a launch through the provisioner (its first RunInstances throttled, then retried)
--> the moto instance boots -> its agent registers with site aws:us-east-1:us-east-1a:spot and
-its instance id -> a job runs there with the machine's GPU -> the node goes idle -> the machine
-is terminated in EC2 and shut down. A spot notice on such a machine: the job checkpoints and
-resumes on an on-prem node, the record goes DRAINING, the zone cools down, the machine is given
+Round trip: a launch without capacity fails and cools its zone down; a launch through the
+provisioner (its first RunInstances throttled, then retried) -> the moto instance boots -> its
+agent registers with site aws:us-east-1:us-east-1a:spot and its instance id -> a job runs there
+with the machine's GPU -> the node goes idle -> the machine is terminated in EC2 and shut
+down. A spot notice on such a machine: the job checkpoints and resumes on an on-prem node, the
+record goes DRAINING, the zone cools down, the machine is given
 back. After each test no machine tagged with its cluster is left running in moto."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ I = InstanceState  # noqa: E741
 AMI = "ami-12c6146b"
 DB = 4  # this module's own database on the session's Redis
 SITE = "aws:us-east-1:us-east-1a:spot"
-OFFER = f"{SITE}/p2.xlarge"  # the shipped catalog: 1 x K80-12GB, spot in us-east-1a
+OFFER = f"{SITE}/p2.xlarge"  # 1 x K80-12GB (a row of the shipped catalog)
 
 # What a real machine's boot script does first (providers/userdata.py): an IMDSv2 token, then
 # the instance id; here it then only records what it learnt and waits to be shut down.
@@ -99,22 +100,26 @@ def test_boot_shim_runs_user_data_with_imdsv2_and_shuts_down_on_terminate(
 
 def _configure(c: Cluster, tmp: Path, cluster: str, endpoint: str, idle_timeout_s: float
                ) -> None:
-    """The scheduler's configuration: provider aws on moto (through the fault proxy), its
-    machines' boot script running this checkout's Spillway with a static inventory (moto's
-    machines have no GPUs for NVML to find)."""
+    """The scheduler's configuration: provider aws on moto (through the fault proxy), with one
+    offer written in the configuration (the catalog's p2.xlarge spot in us-east-1a) that
+    carries the machine's inventory for its agent (moto's machines have no GPUs for NVML),
+    and a boot script that runs this checkout's Spillway."""
     subnet = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint).create_subnet(
         VpcId=_vpc(endpoint), CidrBlock=f"10.9.{uuid.uuid4().int % 250}.0/24",
         AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
-    wrapper = tmp / "spillway-on-the-machine"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m broker.cli "$@" '
-                       "--gpus 1xK80-12GB --cpus 4\n")
-    wrapper.chmod(0o755)
     cfg = tmp / "config.yaml"
     cfg.write_text(yaml.safe_dump({"cluster_name": cluster, "providers": {"aws": {
         "regions": ["us-east-1"], "endpoint_url": endpoint, "image": AMI,
-        "subnets": {"us-east-1a": subnet}, "api_attempts": 1, "boot_timeout_s": 60,
-        "idle_timeout_s": idle_timeout_s, "cooldown_s": 600, "install_command": "",
-        "worker_command": str(wrapper)}}}))
+        "subnets": {"us-east-1a": subnet}, "api_attempts": 1,
+        "offers": [{"zone": "us-east-1a", "instance_type": "p2.xlarge",
+                    "gpu_model": "K80-12GB", "gpu_count": 1, "market": "spot",
+                    "price_per_hour": 0.3809, "gpus": "1xK80-12GB", "cpus": 4,
+                    "memory_gb": 8},
+                   {"zone": "us-east-1a", "instance_type": "p2.8xlarge",
+                    "gpu_model": "K80-12GB", "gpu_count": 8, "market": "spot",
+                    "price_per_hour": 2.16, "gpus": "8xK80-12GB", "cpus": 32}],
+        "boot_timeout_s": 60, "idle_timeout_s": idle_timeout_s, "cooldown_s": 600,
+        "install_command": "", "worker_command": f"{sys.executable} -m broker.cli"}}}))
     c.env.update({**AWS_TEST_ENV, "SPILLWAY_CONFIG": str(cfg),
                   "SPILLWAY_PROVISION_RETRY_S": "0.2", "SPILLWAY_SPOT_POLL_S": "0.2"})
 
@@ -124,10 +129,10 @@ def _vpc(endpoint: str) -> str:
     return str(ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"])
 
 
-def _launch_by_hand(c: Cluster) -> str:
+def _launch_by_hand(c: Cluster, offer: str = OFFER) -> str:
     """``spillway launch OFFER``: the request id."""
     done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", c.url, "launch",
-                           OFFER], env=c.env, capture_output=True, text=True, timeout=60)
+                           offer], env=c.env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()[0]
 
@@ -172,13 +177,25 @@ def test_aws_round_trip_through_the_provisioner(
     shim.env = c.env
     shim.start()
 
+    # no capacity for the 8-GPU type: the record fails and its zone cools down (its offer
+    # leaves the published ones), nothing is started
+    big = f"{SITE}/p2.8xlarge"
+    proxy.inject("RunInstances", "InsufficientInstanceCapacity")
+    failed = _launch_by_hand(c, big)
+    rec = wait_until(lambda: (i := _record(c, failed)).state is I.FAILED and i, 60,
+                     "the launch without capacity to fail")
+    assert "no capacity" in rec.history[-1].reason and big in rec.history[-1].reason
+    assert block_key("aws", "us-east-1", "us-east-1a", "p2.8xlarge") in \
+        c.store.blocks(time.time())
+    assert {o.id for o in c.store.offers(time.time())} == {OFFER}
+
     # the first RunInstances is throttled: the provisioner retries it after a backoff
     proxy.inject("RunInstances", "RequestLimitExceeded")
     runs_before = proxy.seen["RunInstances"]
     rid = _launch_by_hand(c)
     ready = wait_until(lambda: (i := _record(c, rid)).state is I.READY and i, 60,
                        "the machine to boot and its agent to register")
-    assert proxy.served["RequestLimitExceeded"] == 1
+    assert proxy.served == {"InsufficientInstanceCapacity": 1, "RequestLimitExceeded": 1}
     assert proxy.seen["RunInstances"] - runs_before == 2  # the throttled try, the retry
     assert "RequestLimitExceeded" in c.logs_of("scheduler")
     node = next(n for n in c.store.nodes() if n.instance_id == ready.provider_id)

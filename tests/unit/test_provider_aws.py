@@ -342,6 +342,26 @@ def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         make_provider("aws", {"regions": ["us-east-1"]}, "tmiss")
 
 
+def test_offers_written_in_the_configuration_and_catalog_errors() -> None:
+    p = make_provider("aws", {"regions": ["us-east-1"], "image": AMI, "offers": [
+        {"zone": "us-east-1a", "instance_type": "p2.xlarge", "gpu_model": "K80-12GB",
+         "gpu_count": 1, "market": "spot", "price_per_hour": 0.38, "gpus": "1xK80-12GB",
+         "cpus": 4}]}, "tcfgoffers")
+    [o] = p.offers(Resources())
+    assert o.id == "aws:us-east-1:us-east-1a:spot/p2.xlarge" and o.gpu_memory_gb == 12.0
+    assert dict(o.extra) == {"gpus": "1xK80-12GB", "cpus": 4}
+    with pytest.raises(ProviderConfigError, match=r"providers.aws.offers\[0\].gpu_count"):
+        make_provider("aws", {"regions": ["us-east-1"], "offers": [
+            {"zone": "us-east-1a", "instance_type": "p2.xlarge", "gpu_model": "K80-12GB",
+             "market": "spot", "price_per_hour": 0.38}]}, "tcfgoffers")
+    with pytest.raises(ProviderConfigError, match=r"providers.aws.catalog: 5"):
+        make_provider("aws", {"regions": ["us-east-1"], "catalog": 5}, "tcfgoffers")
+    missing = make_provider("aws", {"regions": ["us-east-1"], "catalog": "/no/such.csv"},
+                            "tcfgoffers")
+    with pytest.raises(Stop, match=r"no offer catalog at /no/such\.csv"):
+        missing.offers(Resources())
+
+
 def test_offers_from_the_shipped_catalog() -> None:
     p = AwsProvider("aws", "tship", ["us-east-1"], image=AMI)
     found = p.offers(Resources(gpu_count=8, gpu_model="V100"))
