@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes.gce_rules import check_instance, match_filter
+from tests.fakes.gce_rules import check_instance, match_filter, quota_error, stockout_error
 
 BASE = "https://www.googleapis.com/compute/v1"
 _ZONE_PATH = re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
@@ -288,23 +288,10 @@ class FakeCompute:
         inst = self.instances[key]
         if zone in self.stockout_zones:
             del self.instances[key]  # it shows for a moment, then is gone
-            return {"httpErrorStatusCode": 503, "httpErrorMessage": "SERVICE UNAVAILABLE",
-                    "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message":
-                              f"The zone 'projects/{key[0]}/zones/{zone}' does not have enough "
-                              "resources available to fulfill the request.  Try a different "
-                              "zone, or try again later."}]}}
+            return stockout_error(key[0], zone)
         if self.quota:
             del self.instances[key]
-            q = self.quota
-            return {"httpErrorStatusCode": 403, "httpErrorMessage": "FORBIDDEN", "error": {
-                "errors": [{"code": "QUOTA_EXCEEDED", "message": f"Quota '{q['metric']}' "
-                            f"exceeded.  Limit: {q['limit']:.1f} in region {q['region']}.",
-                            "errorDetails": [{"quotaInfo": {
-                                "metricName": f"compute.googleapis.com/{q['metric'].lower()}",
-                                "limitName": f"{q['metric'].replace('_', '-')}-per-project-"
-                                             "region",
-                                "dimensions": {"region": q["region"]},
-                                "limit": q["limit"]}}]}]}}
+            return quota_error(**{k: v for k, v in self.quota.items() if k != "sync"})
         inst["status"] = "RUNNING"
         for listener in list(self.on_running):
             listener(inst)

@@ -1,4 +1,5 @@
-"""The checks the fake Compute endpoint (tests/fakes/gce.py) makes, as Compute makes them.
+"""The checks the fake Compute endpoint (tests/fakes/gce.py) makes, as Compute makes them, and
+the operation errors it answers with.
 
 Patterns from the Compute REST reference: a resource name is
 ``[a-z]([-a-z0-9]{0,61}[a-z0-9])?``; a label key starts with a lower-case letter and holds
@@ -66,3 +67,23 @@ def match_filter(expr: str, inst: dict[str, Any]) -> bool:
             return False
         rest = re.sub(r"^\s*(AND\s+)?", "", rest[m.end():])
     return True
+
+
+def stockout_error(project: str, zone: str) -> dict[str, Any]:
+    """The error part of an insert operation that found no capacity in ``zone``."""
+    return {"httpErrorStatusCode": 503, "httpErrorMessage": "SERVICE UNAVAILABLE",
+            "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message":
+                      f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+                      "resources available to fulfill the request.  Try a different zone, "
+                      "or try again later."}]}}
+
+
+def quota_error(metric: str, region: str, limit: float) -> dict[str, Any]:
+    """The error part of an insert operation refused for a quota, with its ``quotaInfo``."""
+    return {"httpErrorStatusCode": 403, "httpErrorMessage": "FORBIDDEN", "error": {"errors": [{
+        "code": "QUOTA_EXCEEDED",
+        "message": f"Quota '{metric}' exceeded.  Limit: {limit:.1f} in region {region}.",
+        "errorDetails": [{"quotaInfo": {
+            "metricName": f"compute.googleapis.com/{metric.lower()}",
+            "limitName": f"{metric.replace('_', '-')}-per-project-region",
+            "dimensions": {"region": region}, "limit": limit}}]}]}}
