@@ -69,6 +69,10 @@ class Config:
     # once connected they ride out outages of any length (a worker's jobs keep running)
     metrics_port: int = 9464  # the scheduler's Prometheus /metrics port (0: none)
     agent_metrics_port: int = 9465  # each worker agent's /metrics port (0: none)
+    metrics_token: str = ""  # /metrics wants "Authorization: Bearer <this>" ("": no token)
+    metrics_basic_auth: str = ""  # /metrics wants HTTP basic auth "user:password" ("": none)
+    metrics_tls_cert: str = ""  # with metrics_tls_key: /metrics over HTTPS (PEM files)
+    metrics_tls_key: str = ""
     grace_s: float = 30.0  # SIGTERM -> SIGKILL grace on cancel and preemption
     job_pids_max: int = 4096  # most processes/threads one job part may have (its cgroup's
     # pids.max; not enforced where the agent runs jobs without cgroups, see workers/isolation)
@@ -129,6 +133,10 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "redis_retry_s": (float, {"ge": 0}, "seconds >= 0 (0: wait forever)"),
     "metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
     "agent_metrics_port": (int, {"ge": 0, "le": 65535}, "a port 0..65535 (0: none)"),
+    "metrics_token": (str, {}, "a bearer token (empty: none)"),
+    "metrics_basic_auth": (str, {}, "user:password (empty: none)"),
+    "metrics_tls_cert": (str, {}, "a PEM certificate file (empty: plain HTTP)"),
+    "metrics_tls_key": (str, {}, "its PEM private key file (empty: plain HTTP)"),
     "grace_s": (float, {"ge": 0}, "seconds >= 0"),
     "job_pids_max": (int, {"ge": 1}, "a whole number >= 1"),
     "max_attempts": (int, {"ge": 1}, "a whole number >= 1"),

@@ -38,7 +38,7 @@ import redis
 from broker.commands import WAKE
 from broker.control import run_cycles
 from broker.errors import Fenced, StoreUnreachable
-from broker.metrics import SchedulerMetrics, scheduler_metrics, serve
+from broker.metrics import Guard, SchedulerMetrics, scheduler_metrics, serve
 from broker.reach import hide_password, wait_for_redis
 from broker.reconciler import reconcile
 from broker.runtime import Runtime
@@ -183,10 +183,11 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
     assert isinstance(config, Config)
     logging.basicConfig(level=loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    guard = Guard.from_config(config)  # (a metrics_* setting that is wrong: a ConfigError now)
     rt = init_runtime(redis_url, config)
     leader = Leader(rt)
     if config.metrics_port:
-        serve(leader.metrics.registry, config.metrics_port)
+        serve(leader.metrics.registry, config.metrics_port, guard=guard)
 
     def _stop(signum: int, frame: object) -> None:
         del signum, frame

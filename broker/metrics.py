@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from broker import metrics_http
+from broker.metrics_http import Guard
 from broker.model import Gpu, Job, PriorityClass
 from broker.plan import Applied, Plan, Snapshot
 from broker.state import EvictionKind, JobState
@@ -35,6 +37,7 @@ from broker.state import EvictionKind, JobState
 __all__ = [
     "PHASES",
     "AgentMetrics",
+    "Guard",
     "SchedulerMetrics",
     "agent_metrics",
     "outcome",
@@ -342,14 +345,19 @@ def agent_metrics() -> AgentMetrics:
         return _agent
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> WSGIServer | None:
+def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+          guard: Guard | None = None) -> WSGIServer | None:
     """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread (port 0: any
-    free port; read it from the server's ``server_port``). A port already taken is logged and
-    the process goes on without metrics. Returns the server, or None."""
+    free port; read it from the server's ``server_port``), behind ``guard``'s credentials and
+    TLS if any (broker/metrics_http.py; ``Guard.from_config``). A port already taken is logged
+    and the process goes on without metrics; a certificate that cannot be loaded is a
+    ConfigError. Returns the server, or None."""
+    guard = guard or Guard()
     try:
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
+        server = metrics_http.start(registry, port, addr, guard)
     except OSError as e:
         log.warning("cannot serve metrics on %s:%d (%s); going on without them", addr, port, e)
         return None
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_port)
+    log.info("metrics on %s://%s:%d/metrics%s", "https" if guard.tls_cert else "http", addr,
+             server.server_port, " (credentials needed)" if guard.accepted() else "")
     return server

@@ -429,6 +429,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     from workers.discovery import discover
     from workers.tasks import set_node_handler  # registers this queue's tasks
 
+    guard = metrics.Guard.from_config(config)  # (a wrong metrics_* setting: ConfigError now)
     stop_requested = _early_signal_handlers()
     node_id = node_id or socket.gethostname()
     try:
@@ -461,7 +462,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     keeper = Keeper(agent.isolation)  # kills the jobs if this process dies, even by SIGKILL
     if config.agent_metrics_port:
         metrics.agent_metrics().count_running(lambda: len(agent._local))
-        metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port)
+        metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port, guard=guard)
     try:
         set_node_handler(agent)
         if not agent.register(give_up=stop_requested):
