@@ -209,7 +209,10 @@ class LibcloudProvider:
 
     def _size_offers(self) -> list[Offer]:
         """One offer per configured size the driver lists."""
-        listed = {s.id: s for s in self._call("list sizes", self.driver().list_sizes)}
+        drv = self.driver()
+        where = self._find("location", self.location, drv.list_locations, "") \
+            if self.location else None
+        listed = {s.id: s for s in self._call("list sizes", drv.list_sizes, where)}
         listed.update({s.name: s for s in listed.values() if s.name})
         out = []
         for size_id, spec in self.sizes.items():
@@ -241,11 +244,12 @@ class LibcloudProvider:
         if not missing:
             return [have[i] for i in range(count)]
         kw = self._create_kwargs(offer, request_id, user_data)
-        size = self._find("size", offer.instance_type, drv.list_sizes, offer.id)
-        image = self._image(offer.id)
         if self.location:
             kw["location"] = self._find("location", self.location, drv.list_locations,
                                         offer.id)
+        size = self._find("size", offer.instance_type,
+                          lambda: drv.list_sizes(kw.get("location")), offer.id)
+        image = self._image(offer.id)
         data_arg = self._keyword(USER_DATA_ARGS)
         for i in missing:
             name = f"{request_id}-{_digest(self.cluster)}-{i}"

@@ -170,6 +170,13 @@ def test_bad_settings_name_the_field(tmp_path) -> None:
         make_provider("x", {"kind": "libcloud", "driver": "dummy", "market": "cheap"}, "c1")
     with pytest.raises(Stop, match="image 'nope' is not offered"):
         dummy(tmp_path, image="nope").launch(SIZE_OFFER, 1, "req-6", "")
+    with pytest.raises(Stop, match="location 'Mars' is not offered"):
+        dummy(tmp_path, location="Mars").launch(SIZE_OFFER, 1, "req-6", "")
+    file_cloud = LibcloudProvider("os", "c1", driver=FILE_DRIVER, key=str(tmp_path / "c.json"),
+                                  location="London Loft",
+                                  sizes={"gpu-a100": {"gpus": "1xA100-80GB"}})
+    [o] = file_cloud.offers(Resources())
+    assert len(file_cloud.launch(o, 1, "req-7", "")) == 1
 
 
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
