@@ -50,6 +50,11 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def upstream_url(self) -> str:
+        """moto itself, without faults."""
+        return f"http://{self.upstream}"
+
     def inject(self, action: str, code: str, times: int = 1) -> None:
         """Answer the next ``times`` requests for ``action`` with the EC2 error ``code``."""
         with self._lock:

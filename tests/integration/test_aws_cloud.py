@@ -6,9 +6,10 @@ Round trip: a launch without capacity fails and cools its zone down; a launch th
 provisioner (its first RunInstances throttled, then retried) -> the moto instance boots -> its
 agent registers with site aws:us-east-1:us-east-1a:spot and its instance id -> a job runs there
 with the machine's GPU -> the node goes idle -> the machine is terminated in EC2 and shut
-down. A spot notice on such a machine: the job checkpoints and resumes on an on-prem node, the
-record goes DRAINING, the zone cools down, the machine is given
-back. After each test no machine tagged with its cluster is left running in moto."""
+down; a machine tagged with the cluster that nobody asked for is reaped. A spot notice on such
+a machine: the job checkpoints and resumes on an on-prem node, the record goes DRAINING, the
+zone cools down, the machine is given back. After each test no machine tagged with its
+cluster is left running in moto."""
 
 from __future__ import annotations
 
@@ -170,6 +171,7 @@ def aws_cluster(ec2: tuple[str, FaultProxy], redis_url: str, tmp_path: Path
 def test_aws_round_trip_through_the_provisioner(
         aws_cluster: tuple[Cluster, BootShim, FaultProxy, str], tmp_path: Path) -> None:
     c, shim, proxy, cluster = aws_cluster
+    moto_url = proxy.upstream_url
     _configure(c, tmp_path, cluster, proxy.url, idle_timeout_s=3)
     c.start_scheduler()
     wait_until(lambda: OFFER in {o.id for o in c.store.offers(time.time())}, 30,
@@ -220,10 +222,19 @@ def test_aws_round_trip_through_the_provisioner(
                       "the idle machine to be released")
     assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY, I.DRAINING,
                                               I.TERMINATED]
-    wait_until(lambda: shim.running() == [], 30, "the machine's processes to shut down")
-    assert shim.booted == 1 and shim.shut_down == 1
     assert proxy.seen["RunInstances"] - runs_before == 2  # (the repeat launched nothing)
-    print("aws round trip:", {"launched": shim.booted, "faults": dict(proxy.served)})
+
+    # a machine tagged with this cluster that the store never asked for: reaped as an orphan
+    direct = AwsProvider("aws", cluster, ["us-east-1"], endpoint_url=moto_url, image=AMI)
+    offer = next(o for o in c.store.offers(time.time()) if o.id == OFFER)
+    [stray] = direct.launch(offer, 1, "stray-1", "#!/bin/sh\nexec sleep 600\n")
+    wait_until(lambda: direct.instances()[stray.provider_id].state is I.TERMINATED, 60,
+               "the orphan to be terminated")
+    assert "orphan: its request id is unknown" in c.logs_of("scheduler")
+    wait_until(lambda: shim.running() == [], 30, "the machines' processes to shut down")
+    assert shim.booted == 2 and shim.shut_down == 2
+    print("aws round trip:", {"launched": shim.booted, "orphans_reaped": 1,
+                              "faults": dict(proxy.served)})
 
 
 CHECKPOINTING = """
