@@ -330,9 +330,16 @@ class GcpProvider:
         self._await(op, zone, f"delete {zone}/{name}")
 
     def _delete_quietly(self, zone: str, names: Sequence[str]) -> None:
-        for name in names:  # what fails here, the reconciler finds by label and reaps
+        """Delete the machines of a failed launch that are this cluster's (a name can be
+        another cluster's: that is why it failed). What fails here, the reconciler finds by
+        its label and reaps."""
+        ic, _ = self.clients()
+        for name in names:
             with contextlib.suppress(ProviderError):
-                self._delete(zone, name)
+                inst = self._call(f"get {zone}/{name}", ic.get, project=self.project,
+                                  zone=zone, instance=name)
+                if dict(inst.labels).get(CLUSTER_TAG) == self.cluster:
+                    self._delete(zone, name)
 
     def instances(self) -> dict[str, CloudMachine]:
         """Every machine in the project labelled with this cluster, by name."""

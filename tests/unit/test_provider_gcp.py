@@ -40,6 +40,7 @@ SCRIPT = "#!/bin/sh\necho booted\n"
 def fake() -> Iterator[FakeCompute]:
     with serving() as f:
         yield f
+        assert f.bugs == []  # every request was answered by the fake's rules
 
 
 def provider(fake: FakeCompute, cluster: str = "c1", **kw: Any) -> GcpProvider:
@@ -117,12 +118,14 @@ def test_a_repeated_launch_returns_the_same_machines(fake) -> None:
 
 def test_a_name_held_by_another_cluster_is_not_taken_over(fake) -> None:
     name = instance_name("c1", "req-5", "us-central1-a", 0)
-    fake.instances[("proj", "us-central1-a", name)] = {
-        "name": name, "labels": {CLUSTER_TAG: "other"}, "status": "RUNNING",
-        "zone": "x/zones/us-central1-a", "machineType": "x/a2-highgpu-1g"}
+    provider(fake, "other").launch(A2_SPOT, 1, "req-5", SCRIPT)  # their machine...
+    theirs = fake.instances.pop(("proj", "us-central1-a",
+                                 instance_name("other", "req-5", "us-central1-a", 0)))
+    fake.instances[("proj", "us-central1-a", name)] = {**theirs, "name": name}  # ...our name
     fake.forget_request_ids()
     with pytest.raises(Stop, match="belongs to cluster other"):
         provider(fake).launch(A2_SPOT, 1, "req-5", SCRIPT)
+    assert ("proj", "us-central1-a", name) in fake.instances  # theirs: left alone
 
 
 def test_a_region_offer_launches_in_the_first_configured_zone_of_its_region(fake) -> None:
