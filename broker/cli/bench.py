@@ -64,3 +64,35 @@ def dispatch(
     from broker.bench import bench_dispatch
 
     _show(bench_dispatch(jobs=jobs, agents=agents, gpus_per_agent=gpus_per_agent), as_json)
+
+
+@bench.command("spot-deadline")
+def spot_deadline(
+    traces: Annotated[str, Opt("--traces", help="The 1-node folder of the Can't Be Late "
+                                                "availability traces.")
+                      ] = "../shared/data/spot_availability_cantbelate/availability/1-node",
+    deadline_hours: Annotated[float, Opt("--deadline-hours", help="Deadline after the start."
+                                         )] = 52.0,
+    work_hours: Annotated[float, Opt("--work-hours", help="The job's work.")] = 48.0,
+    changeover_hours: Annotated[float, Opt("--changeover-hours", help="Each machine start."
+                                           )] = 0.2,
+    spot_price: Annotated[float, Opt("--spot-price", help="$/h.")] = 0.918,
+    ondemand_price: Annotated[float, Opt("--ondemand-price", help="$/h.")] = 3.06,
+    starts: Annotated[int, Opt("--starts", help="Evenly spaced start times per trace.")] = 200,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """One job with a deadline on spot, over availability traces (docs/burst.md)."""
+    from broker.errors import ConfigError
+    from broker.sim.spot_deadline import Setup, run
+
+    if not (0 < work_hours <= deadline_hours) or starts < 1 or changeover_hours < 0:
+        raise ConfigError("--work-hours must be > 0 and at most --deadline-hours; --starts "
+                          ">= 1; --changeover-hours >= 0")
+    result = run(traces, Setup(work_hours, deadline_hours, changeover_hours, spot_price,
+                               ondemand_price, starts))
+    if as_json:
+        print_json(result)
+        return
+    _show({"cost_vs_ondemand": result["cost_vs_ondemand"],
+           "deadline_misses": result["deadline_misses"],
+           **{f"greedy {k}": v for k, v in result["baselines"]["greedy"].items()}}, False)
