@@ -92,7 +92,7 @@ def test_gcp_preempted_flag(meta: MetadataServer) -> None:
 def test_unreachable_metadata_service_is_a_metadata_error() -> None:
     for source in (AwsNotices(f"http://127.0.0.1:{free_port()}", timeout_s=0.5),
                    GcpNotices(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)):
-        with pytest.raises(MetadataError, match="127.0.0.1"):
+        with pytest.raises(MetadataError, match=r"127\.0\.0\.1"):
             source.check(time.time())
 
 
