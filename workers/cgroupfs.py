@@ -29,11 +29,7 @@ V2_CONTROLLERS = ("memory", "pids", "cpu")
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd (>= 251) on Delegate=yes
 
 read = keeper._read  # (a file's text, or "" when it cannot be read)
-
-
-def write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+write = keeper.write  # (OSError if it cannot)
 
 
 # -- v1 --------------------------------------------------------------------------------------
