@@ -90,7 +90,7 @@ def test_boot_shim_runs_the_startup_script_and_preemption_reaches_it(tmp_path: P
             p.terminate([b.provider_id])
             wait_until(lambda: machines.running() == [], 30, "the other to shut down")
             assert not (tmp_path / b.provider_id / "preempted").exists()
-            assert p.instances() == {}
+            assert p.instances() == {} and fake.bugs == []
         finally:
             machines.stop()
 
@@ -189,6 +189,7 @@ def test_gcp_round_trip_stockout_and_throttling(redis_url: str, tmp_path: Path) 
             assert counts["jobs_lost"] == 0
             wait_until(lambda: fake.labelled(CLUSTER_TAG, cluster) == [], 30,
                        "no instance of the cluster left")
+            assert fake.bugs == []
         finally:
             c.stop()
             machines.stop()
