@@ -35,9 +35,14 @@ def wanted_kinds(res: Resources, kinds: Iterable[Kind]) -> list[Kind]:
 
 
 def site_allows(site: str, sites: tuple[str, ...]) -> bool:
-    """May a job restricted to ``sites`` run on a node of ``site``? (Any cloud site counts as
-    ``cloud``.)"""
-    return site in sites or (site != "onprem" and "cloud" in sites)
+    """May a job restricted to ``sites`` run on a node of ``site``? A spot site
+    (``provider:region[:zone]:spot``) is admitted by ``spot``, any other cloud site by
+    ``cloud`` (:attr:`broker.model.Site.kind`)."""
+    if site in sites:
+        return True
+    if site == "onprem":
+        return False
+    return ("spot" if site.endswith(":spot") else "cloud") in sites
 
 
 def offer_could_hold(res: Resources, sites: tuple[str, ...], offers: Iterable[Offer]) -> bool:

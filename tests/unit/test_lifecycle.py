@@ -131,3 +131,21 @@ def test_a_launch_lost_with_its_message_is_sent_again() -> None:
     out = decide(NOW, [young, old], {"local": {}}, [], frozenset(), {"local": slow}, {},
                  frozenset({"r1", "r2"}))
     assert [(s.request_id, s.resend, s.move) for s in out.steps] == [("r2", True, None)]
+
+
+@pytest.mark.parametrize("site, sites, allowed", [
+    ("onprem", ("onprem",), True),
+    ("onprem", ("cloud", "spot"), False),
+    ("local:home:home-a:ondemand", ("cloud",), True),
+    ("local:home:home-a:ondemand", ("spot",), False),
+    ("aws:us-east-1:us-east-1a:spot", ("spot",), True),
+    ("aws:us-east-1:us-east-1a:spot", ("onprem", "cloud"), False),
+    ("aws:us-east-1:spot", ("onprem", "cloud", "spot"), True),
+])
+def test_a_cloud_node_admits_jobs_by_its_site_kind(site: str, sites: tuple[str, ...],
+                                                   allowed: bool) -> None:
+    from broker.model import Site
+    from broker.model.fit import site_allows
+
+    assert site_allows(site, sites) is allowed
+    assert (Site.parse(site).kind in sites or site in sites) is allowed
