@@ -175,6 +175,7 @@ class SimInstance:
     busy_gpu_s: float = 0.0
     busy_mark: float = 0.0
     idle_s: float = 0.0
+    low_since: float | None = None  # under half busy since (None: at least half busy)
 
 
 class Clouds:
@@ -291,7 +292,7 @@ class Clouds:
                          state=NodeState.READY, labels={"instance": pid})
         inst.record = inst.record.moved(InstanceState.READY, now, "agent registered",
                                         node_id=node_id)
-        inst.idle_since = inst.busy_mark = now
+        inst.idle_since = inst.busy_mark = inst.low_since = now
         return inst
 
     def next_interruption(self, inst: SimInstance, now: float) -> float:

@@ -71,10 +71,27 @@ class CloudRun:
         if kind == GONE:
             self._release(inst, now, "spot interruption: the provider took it back")
             return True
-        if kind == IDLE and inst.busy == 0 and inst.node is not None \
-                and now - inst.idle_since >= self.spec.idle_timeout_s - 1e-6:
-            self._release(inst, now, f"idle for {self.spec.idle_timeout_s:g}s")
+        if kind == IDLE and inst.node is not None:
+            self._scale_down(inst, now)
         return False
+
+    def _scale_down(self, inst: SimInstance, now: float) -> None:
+        """Release an idle node, and drain one that has been under half busy for the idle
+        timeout (it takes no new job and goes when its jobs have left), as Kubernetes'
+        cluster autoscaler does with its default scale-down-utilization-threshold of 0.5."""
+        node = inst.node
+        assert node is not None
+        draining = node.id not in self.live
+        timeout = self.spec.idle_timeout_s - 1e-6
+        waited = now - inst.idle_since >= timeout
+        low = inst.low_since is not None and now - inst.low_since >= timeout
+        if inst.busy == 0 and (draining or waited):
+            self._release(inst, now, "drained" if draining else
+                          f"idle for {self.spec.idle_timeout_s:g}s")
+        elif not draining and low and inst.busy < 0.5 * len(node.allocatable):
+            self.sim.store.set_node_state(node.id, NodeState.DRAINING, by="scale-down")
+            self._unlive(node.id)
+            inst.record = inst.record.moved(InstanceState.DRAINING, now, "under half busy")
 
     def _boot(self, pid: str, now: float) -> bool:
         inst = self.clouds.boot(pid, now)
@@ -95,14 +112,17 @@ class CloudRun:
     def _notice(self, inst: SimInstance, now: float) -> bool:
         """The provider's interruption notice: drain, stop its jobs (they checkpoint)."""
         node = inst.node
-        if node is None or inst.record.state is not InstanceState.READY:
+        if node is None or inst.record.state not in (InstanceState.READY,
+                                                      InstanceState.DRAINING):
             return False
         self.clouds.interruptions += 1
         notice = inst.site.notice_s
         store = self.sim.store
         store.set_node_state(node.id, NodeState.DRAINING, by="spot")
         self._unlive(node.id)
-        inst.record = inst.record.moved(InstanceState.DRAINING, now, "spot interruption notice")
+        if inst.record.state is InstanceState.READY:
+            inst.record = inst.record.moved(InstanceState.DRAINING, now,
+                                            "spot interruption notice")
         holders = {v.split(":")[0] for v in store.allocations([node.id]).get(node.id, {}).values()}
         grace = min(self.sim.stop_delay_s, max(1.0, notice / 2))
         for job_id in sorted(holders):
@@ -140,8 +160,14 @@ class CloudRun:
                 continue
             self.sim.cloud_busy += sign * per
             self.clouds.job_moved(inst, sign * per, now)
-            if inst.busy == 0 and not inst.record.ended:
-                self.sim._push(now + self.spec.idle_timeout_s, IDLE, inst.record.id)
+            if sign < 0 and not inst.record.ended and inst.node is not None:
+                if inst.busy < 0.5 * len(inst.node.allocatable):
+                    inst.low_since = now if inst.low_since is None else inst.low_since
+                draining = inst.node.id not in self.live
+                self.sim._push(now if draining else now + self.spec.idle_timeout_s, IDLE,
+                               inst.record.id)
+            elif inst.node is not None and inst.busy >= 0.5 * len(inst.node.allocatable):
+                inst.low_since = None
 
     def metrics(self, horizon: float) -> dict[str, Any]:
         for inst in self.clouds.instances.values():  # close the books at the horizon

@@ -109,3 +109,23 @@ def test_a_bad_cloud_section_names_the_key(cloud: dict[str, Any], error: str) ->
 def test_an_instance_type_the_catalog_lacks_is_refused() -> None:
     with pytest.raises(ConfigError, match="the catalog has no offer"):
         Simulation(cluster(instance_types=["p9.huge"]), JOBS, "spillway")
+
+
+def test_a_node_under_half_busy_is_drained_and_released_when_its_jobs_leave() -> None:
+    """An 8-GPU instance holding one 1-GPU job drains after the idle timeout (no new job
+    lands there) and goes as soon as that job ends, not an idle timeout later."""
+    sim = Simulation(cluster(instance_types=["p3.16xlarge"]),
+                     trace(*JOBS.jobs, tj("later", 2200, 600, 1)), "spillway")
+    res = sim.run()
+    hi = next(r for r in res.records if r.id == "hi")
+    later = next(r for r in res.records if r.id == "later")
+    assert sim.cloud is not None
+    first, second = sorted(sim.cloud.clouds.instances.values(),
+                           key=lambda i: i.record.requested_at)
+    states = [h.state.value for h in first.record.history]
+    assert states == ["BOOTING", "READY", "DRAINING", "TERMINATED"]
+    assert first.record.ended_at == hi.end_s
+    # the normal job did not land on the draining node: it burst on its own, near its SLA
+    assert later.first_start_s is not None and later.first_start_s >= 2200 + 14400 - 800
+    assert second.record.requested_at > first.record.requested_at
+    assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
