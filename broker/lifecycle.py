@@ -12,8 +12,9 @@ table (broker/model/cloud.py):
   FAILED;
 - BOOTING whose agent registered with its instance id -> READY; not registered within
   ``boot_timeout_s`` -> terminate, FAILED, and the zone cools down;
-- READY idle (no job holds a GPU on its node) longer than ``idle_timeout_s`` -> its node is
-  drained, DRAINING; DRAINING with no job left -> terminate, TERMINATED;
+- READY idle (no job holds a GPU on its node) longer than ``idle_timeout_s``, and no pending
+  job could run there -> its node is drained, DRAINING; DRAINING with no job left ->
+  terminate, TERMINATED;
 - READY or DRAINING whose node's lease expired -> terminate, TERMINATED (its jobs were
   requeued when the lease expired);
 - a live record whose machine the provider no longer lists -> TERMINATED;
@@ -25,7 +26,7 @@ A provider whose listing failed this pass is left alone: nothing of it is judged
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.model import Instance, InstanceState, Node, NodeState
@@ -73,10 +74,12 @@ class Pass:
 def decide(now: float, records: Sequence[Instance],
            machines: Mapping[str, Mapping[str, CloudMachine]], nodes: Sequence[Node],
            busy_nodes: frozenset[str], timeouts: Mapping[str, Timeouts],
-           idle_since: Mapping[str, float], all_request_ids: frozenset[str]) -> Pass:
+           idle_since: Mapping[str, float], all_request_ids: frozenset[str],
+           wanted: Callable[[Node], bool] = lambda node: False) -> Pass:
     """The steps for live ``records`` given each provider's machines (providers whose listing
     failed are absent), every registered node, the nodes where a job holds GPUs, and every
-    request id the store knows (ended ones included)."""
+    request id the store knows (ended ones included). ``wanted(node)``: whether a pending job
+    could run on an idle node (asked only of a node about to be released; it is kept)."""
     out = Pass()
     by_instance = {n.instance_id: n for n in nodes if n.instance_id}
     live_ids = {r.request_id for r in records if not r.ended}
@@ -89,7 +92,8 @@ def decide(now: float, records: Sequence[Instance],
         machine = listed.get(rec.provider_id) if rec.provider_id else \
             by_request.get(rec.request_id)
         node = by_instance.get(rec.provider_id) if rec.provider_id else None
-        out.steps += _judge(now, rec, machine, node, busy_nodes, t, idle_since, out.idle_since)
+        out.steps += _judge(now, rec, machine, node, busy_nodes, t, idle_since, out.idle_since,
+                            wanted)
     for provider, listed in machines.items():
         for m in listed.values():
             if m.state in GONE:
@@ -113,7 +117,7 @@ def _since(rec: Instance, state: InstanceState) -> float:
 
 def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node | None,
            busy: frozenset[str], t: Timeouts, idle_before: Mapping[str, float],
-           idle_now: dict[str, float]) -> list[Step]:
+           idle_now: dict[str, float], wanted: Callable[[Node], bool]) -> list[Step]:
     p, rid = rec.provider, rec.request_id
     if rec.state is I.REQUESTED:
         if machine is not None and machine.state not in GONE:
@@ -154,6 +158,9 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
     since = idle_before.get(node_id, now)
     idle_now[node_id] = since
     if now - since > t.idle_timeout_s:
+        if wanted(node):  # a pending job could run there: the next cycle places it
+            idle_now[node_id] = now
+            return []
         return [Step(p, rid, I.DRAINING, f"idle for {now - since:.0f}s "
                      f"(idle_timeout_s {t.idle_timeout_s:g})", drain=node_id,
                      count="idle")]

@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from broker import commands
 from broker.cloud_settings import ProviderSettings
 from broker.lifecycle import RESEND_AFTER_S, Step, Timeouts, decide
-from broker.model import Instance, InstanceState, NodeState, Offer
+from broker.model import Instance, InstanceState, Job, Node, NodeState, Offer
+from broker.model.fit import could_hold, site_allows
 from broker.runtime import Runtime
+from broker.state import JobState
 from broker.store.instances import block_key_of, request_ids
 from providers.base import (
     CloudMachine,
@@ -207,7 +209,8 @@ class Provisioner:
         timeouts = {n: Timeouts(c.boot_timeout_s, c.idle_timeout_s)
                     for n, c in self.settings.items()}
         result = decide(now, [r for r in records if not r.ended], machines, nodes, busy,
-                        timeouts, self._idle_since, frozenset(r.request_id for r in records))
+                        timeouts, self._idle_since, frozenset(r.request_id for r in records),
+                        self._demand())
         self._idle_since = result.idle_since
         done: Counter[str] = Counter()
         for step in result.steps:
@@ -221,6 +224,21 @@ class Provisioner:
             log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
         self.counts.update(done)
         return done
+
+    def _demand(self) -> Callable[[Node], bool]:
+        """Whether a pending job could run on a node (its sites admit the node's, its GPUs
+        fit there); the pending jobs are read once, on the first question of a pass."""
+        pending: list[Job] = []
+        read = False
+
+        def wanted(node: Node) -> bool:
+            nonlocal pending, read
+            if not read:
+                pending, read = self.rt.store.list_jobs([JobState.PENDING]), True
+            return any(site_allows(node.site, j.spec.sites) and could_hold([node], j.res)
+                       for j in pending)
+
+        return wanted
 
     def _carry_out(self, step: Step, now: float) -> bool:
         """Do one step; False if it was left for later (a launch sent again lately)."""

@@ -149,3 +149,18 @@ def test_a_cloud_node_admits_jobs_by_its_site_kind(site: str, sites: tuple[str, 
 
     assert site_allows(site, sites) is allowed
     assert (Site.parse(site).kind in sites or site in sites) is allowed
+
+
+def test_an_idle_node_a_pending_job_could_use_is_kept() -> None:
+    r = [rec("r1", S.READY, pid="m1", node="m1")]
+    listed = {"local": {"m1": machine("m1", "r1")}}
+    n = [node("m1", "m1", lease=NOW + 100)]
+    asked: list[str] = []
+
+    def wanted(x: Node) -> bool:
+        asked.append(x.id)
+        return True
+
+    out = decide(NOW + 31, r, listed, n, frozenset(), {"local": T}, {"m1": NOW},
+                 frozenset({"r1"}), wanted)
+    assert out.steps == [] and out.idle_since == {"m1": NOW + 31} and asked == ["m1"]
