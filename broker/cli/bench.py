@@ -82,8 +82,8 @@ def spot_deadline(
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """One job with a deadline on spot, over availability traces (docs/burst.md)."""
+    from broker.deadline_bench import Setup, run
     from broker.errors import ConfigError
-    from broker.sim.spot_deadline import Setup, run
 
     if not (0 < work_hours <= deadline_hours) or starts < 1 or changeover_hours < 0:
         raise ConfigError("--work-hours must be > 0 and at most --deadline-hours; --starts "

@@ -1,4 +1,4 @@
-"""Spot with a deadline (policies/spot_deadline.py) and its replay (broker/sim/spot_deadline.py):
+"""Spot with a deadline (policies/spot_deadline.py) and its replay (broker/deadline_bench.py):
 one row per rule, and replays that can never miss the deadline."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.deadline_bench import Setup, greedy, ours, replay, run
 from broker.errors import ConfigError
-from broker.sim.spot_deadline import Setup, greedy, ours, replay, run
 from policies.spot_deadline import DeadlineRule, Mode
 
 R = DeadlineRule()  # changeover 0.2 h, reserve 2 changeovers
