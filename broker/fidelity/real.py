@@ -140,23 +140,22 @@ class RealRun:
         return want <= {n.id for n in store.nodes() if n.state.value == "READY"}
 
     def stop(self) -> None:
-        order = [n for n in self.procs if n != "redis"] + (["redis"] if "redis" in self.procs
-                                                             else [])
-        for name in order[:-1] if "redis" in self.procs else order:
-            with contextlib.suppress(ProcessLookupError):
-                self.procs[name].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for name in order:
-            proc = self.procs[name]
-            if name == "redis":
+        """SIGTERM the services (the agents stop their jobs), then Redis; SIGKILL whatever
+        has not exited 30 s later."""
+        services = [p for n, p in self.procs.items() if n != "redis"]
+        redis_proc = self.procs.get("redis")
+        for group in (services, [redis_proc] if redis_proc is not None else []):
+            for proc in group:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            deadline = time.monotonic() + 30
+            for proc in group:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
 
     # -- the run -----------------------------------------------------------------------
 
@@ -170,10 +169,11 @@ class RealRun:
                 "priority": tj.priority, "team": tj.team, "time_limit": tj.time_limit_s,
                 "checkpoint_dir": str(ckpt), "sites": ["onprem"]}
 
-    def run(self, jobs: list[TraceJob], give_up_at_s: float,
+    def run(self, jobs: list[TraceJob], give_up_at_s: float, at_least_s: float = 0.0,
             tick: Callable[[float, int, int], None] = lambda *_: None) -> RealResult:
-        """Submit ``jobs`` at their arrival times; return once every one has started or
-        ``give_up_at_s`` seconds after arrival 0 have passed (the rest never started)."""
+        """Submit ``jobs`` at their arrival times; return once every one has run and
+        ``at_least_s`` seconds after arrival 0 have passed, or once ``give_up_at_s`` have
+        (the rest never started)."""
         (self.workdir / "job.sh").write_text(JOB_SH)
         plan_jobs = [[tj.id, tj.submit_s, self.spec(tj)] for tj in jobs]
         t0 = time.time() + 1.0
@@ -202,7 +202,7 @@ class RealRun:
                 if submitted and now >= next_check:  # (a read a job: once a second)
                     next_check = now + 1.0
                     waiting = {j for j in waiting if not _ran(store.get(j))}
-                    if not waiting:
+                    if not waiting and now - t0 >= at_least_s:
                         break
                 tick(now - t0, len(ids) - len(waiting), len(jobs))
                 if now - t0 > give_up_at_s:
@@ -234,12 +234,16 @@ def _text(key: bytes | str) -> str:
 
 
 def _dist(xs: list[float], digits: int = 4) -> dict[str, float | None]:
+    """Count, p50, p95, p99 and max of ``xs`` (None for no values)."""
     from broker.sim.metrics import percentile
 
     s = sorted(xs)
-    return {"n": len(s), **{f"p{p}": (None if not s else round(v, digits)) for p in (50, 95, 99)
-                            for v in [percentile(s, p) or 0.0]},
-            "max": round(s[-1], digits) if s else None}
+    out: dict[str, float | None] = {"n": len(s)}
+    for p in (50, 95, 99):
+        v = percentile(s, p)
+        out[f"p{p}"] = None if v is None else round(v, digits)
+    out["max"] = round(s[-1], digits) if s else None
+    return out
 
 
 class Watch:
@@ -274,6 +278,7 @@ class Watch:
         wall = now - self.t0
         cpu: dict[str, Any] = {}
         agents: list[float] = []
+        each: dict[str, float | None] = {}
         for name, proc in self.procs.items():
             c0, c1 = self.cpu0.get(name), _cpu_s(proc.pid)
             if c1 is None:
@@ -281,11 +286,13 @@ class Watch:
             share = round((c1 - (c0 or 0.0)) / wall, 4) if wall > 0 else None
             if name in {n.id for n in self.cluster.nodes}:
                 agents.append(share or 0.0)
+                each[name] = share
             else:
                 cpu[name] = share
         cpu["agents_mean"] = round(sum(agents) / len(agents), 4) if agents else None
         cpu["agents_max"] = max(agents) if agents else None
         cpu["agents_total"] = round(sum(agents), 4)
+        cpu["agents"] = each
         cycles = list(self.cycles.values())
         hb = self.store.config.heartbeat_s
         return {

@@ -37,6 +37,8 @@ from broker.state import JobState
 from policies.registry import bundle
 
 CHECKPOINT_SHARE = 0.5  # an evicted job takes this share of grace_s to checkpoint and exit
+AT_LEAST = 1.1  # the real run goes on to this x the ideal simulator's last start, so that a
+# simulator a little later than the real system still has its jobs started by the horizon
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
     checkpoint_s = min(30.0 / k, float(sc.settings["grace_s"])) * CHECKPOINT_SHARE
     ideal = _sim(sc, st, policy, Latencies(), checkpoint_s)
     last = max((r.first_start_s or 0.0 for r in ideal.records.values()), default=0.0)
-    give_up = max(last, st.jobs[-1].submit_s if st.jobs else 0.0) * req.give_up_factor + 20.0
+    last = max(last, st.jobs[-1].submit_s if st.jobs else 0.0)
+    give_up = last * req.give_up_factor + 20.0
     say(f"{policy}: {len(st.jobs)} jobs on {len(cluster.nodes)} agents at K={k:g}: the real "
         f"run takes about {last:.0f} s (gives up after {give_up:.0f} s)")
     with tempfile.TemporaryDirectory(prefix="spillway-fidelity-") as tmp:
@@ -132,7 +135,7 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
             real.start()
             say(f"{policy}: {len(cluster.nodes)} agents up in "
                 f"{time.monotonic() - t_start:.0f} s; replaying")
-            res = real.run(list(st.jobs), give_up)
+            res = real.run(list(st.jobs), give_up, at_least_s=last * AT_LEAST)
         finally:
             real.stop()
     at_once = {i for i, r in ideal.records.items() if r.first_start_s == r.submit_s}
