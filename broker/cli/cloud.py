@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import (
@@ -22,6 +21,7 @@ from broker.cli.common import (
     settings,
     table_width,
 )
+from broker.cli.render import fitted_table
 from broker.cli.root import app
 from broker.model import Instance
 
@@ -55,17 +55,20 @@ def instances(
         err.print("no cloud instances" + ("" if show_all else " running (--all: ended ones "
                                           "too)"))
         return
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    for col in ("REQUEST", "OFFER", "STATE", "PROVIDER ID", "NODE", "AGE", "$/H", "REASON"):
-        table.add_column(col, no_wrap=col != "REASON")
-    for r in rows:
+    width = table_width()
+    heads = ("REQUEST", "OFFER", "STATE", "PROVIDER ID", "NODE", "AGE", "$/H", "REASON")
+    cells = [(r["request_id"], r["offer"], r["state"], r["provider_id"] or "-",
+              r["node"] or "-", fmt_duration(r["age_s"]), f"{r['price_per_hour']:.2f}",
+              r["reason"] or "-") for r in rows]
+    table, keep = fitted_table(heads, cells, width, shorten={1: 12, 3: 8, 4: 8, 7: 12},
+                               wrap=7, droppable=(4, 3))
+    for r, c in zip(rows, cells):
+        shown: list[str | Text] = [escape(c[i]) for i in keep]
         style = {"READY": "green", "BOOTING": "yellow", "REQUESTED": "yellow",
                  "FAILED": "red"}.get(r["state"], "")
-        table.add_row(escape(r["request_id"]), escape(r["offer"]),
-                      Text(r["state"], style=style), escape(r["provider_id"] or "-"),
-                      escape(r["node"] or "-"), fmt_duration(r["age_s"]),
-                      f"{r['price_per_hour']:.2f}", escape(r["reason"] or "-"))
-    print_fitted(table, table_width())
+        shown[keep.index(2)] = Text(r["state"], style=style)
+        table.add_row(*shown)
+    print_fitted(table, width)
 
 
 @app.command()

@@ -123,7 +123,8 @@ def nodes(
     elif not views:
         err.print("no nodes registered; start one with `spillway worker` (or `spillway up`)")
     else:
-        print_fitted(nodes_table(views), table_width())  # (a pipe: one line a node)
+        width = table_width()
+        print_fitted(nodes_table(views, width), width)  # (a pipe: one line a node)
 
 
 @app.command()

@@ -243,26 +243,35 @@ def explanation_panel(e: Explanation) -> Group:
     return Group(head, grid, Text(""), hist)
 
 
-def nodes_table(nodes: Sequence[NodeView]) -> Table:
-    """One row a node; with cloud nodes, their market, price, instance id and age too."""
-    cloud = any(n.instance_id for n in nodes)
-    table = Table(header_style="bold", box=None, pad_edge=False)
-    cols = ["NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "CPUS", "JOBS", "HEARTBEAT"]
-    if cloud:
-        cols += ["MARKET", "$/H", "INSTANCE", "AGE"]
-    for col in cols:
-        table.add_column(col, no_wrap=col != "JOBS")
+def nodes_table(nodes: Sequence[NodeView], width: int | None = None) -> Table:
+    """One row a node; with cloud nodes, their market, price, instance id and age too, fitted
+    to ``width`` (None: natural widths, one line a node)."""
+    heads = ["NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "CPUS", "JOBS", "HEARTBEAT"]
+    rows = []
     for n in nodes:
-        style = {"READY": "green", "DRAINING": "yellow"}.get(n.state, "red")
         gpus = ", ".join(f"{n.gpus_free.get(k, 0)}/{c} {k}" for k, c in n.gpus_total.items())
-        jobs = ", ".join(n.jobs) if n.jobs else "-"
-        row: list[str | Text] = [escape(n.id), Text(n.state, style=style), n.site,
-                                 gpus or "-", f"{n.cpus:g}", jobs,
-                                 f"{fmt_duration(n.lease_age_s)} ago"]
-        if cloud:
-            market = n.site.rsplit(":", 1)[-1] if n.site != "onprem" else "-"
-            price = "-" if n.price_per_hour is None else f"{n.price_per_hour:.2f}"
-            row += [market, price, escape(n.instance_id or "-"),
-                    fmt_duration(n.instance_age_s) if n.instance_age_s is not None else "-"]
-        table.add_row(*row)
+        rows.append([n.id, n.state, n.site, gpus or "-", f"{n.cpus:g}",
+                     ", ".join(n.jobs) if n.jobs else "-", f"{fmt_duration(n.lease_age_s)} ago"])
+    cloud = any(n.instance_id for n in nodes)
+    if not cloud:
+        table = Table(header_style="bold", box=None, pad_edge=False)
+        for col in heads:
+            table.add_column(col, no_wrap=col != "JOBS")
+        for n, r in zip(nodes, rows):
+            style = {"READY": "green", "DRAINING": "yellow"}.get(n.state, "red")
+            table.add_row(escape(r[0]), Text(n.state, style=style), *r[2:])
+        return table
+    heads += ["MARKET", "$/H", "INSTANCE", "AGE"]
+    for n, r in zip(nodes, rows):
+        r += [n.site.rsplit(":", 1)[-1] if n.site != "onprem" else "-",
+              "-" if n.price_per_hour is None else f"{n.price_per_hour:.2f}",
+              n.instance_id or "-",
+              fmt_duration(n.instance_age_s) if n.instance_age_s is not None else "-"]
+    table, keep = fitted_table(heads, rows, width, shorten={0: 10, 2: 10, 3: 10, 5: 6, 9: 8},
+                               wrap=5, droppable=(4, 6, 7))
+    for n, r in zip(nodes, rows):
+        cells: list[str | Text] = [escape(r[i]) for i in keep]
+        style = {"READY": "green", "DRAINING": "yellow"}.get(n.state, "red")
+        cells[keep.index(1)] = Text(n.state, style=style)
+        table.add_row(*cells)
     return table

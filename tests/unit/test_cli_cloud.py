@@ -109,3 +109,15 @@ def test_launch_records_requested_instances(url: str, tmp_path: Path) -> None:
     assert len(rids) == 2 and rids[0].endswith("-1") and rids[1].endswith("-2")
     store = open_store(url, None)
     assert [i.state for i in store.instances()] == [S.REQUESTED, S.REQUESTED]
+
+
+def test_instances_and_nodes_fit_80_columns(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed(url)
+    monkeypatch.setenv("COLUMNS", "80")
+    for command, words in ((("instances", "--all"), ("r-ready", "READY", "FAILED", "3.00")),
+                           (("nodes",), ("READY", "ondemand", "3.00"))):
+        code, out, _ = cli(*command, url=url)
+        assert code == 0
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        for word in words:
+            assert word in out, (command, out)
