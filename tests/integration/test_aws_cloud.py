@@ -230,7 +230,8 @@ def test_aws_round_trip_through_the_provisioner(
     [stray] = direct.launch(offer, 1, "stray-1", "#!/bin/sh\nexec sleep 600\n")
     wait_until(lambda: direct.instances()[stray.provider_id].state is I.TERMINATED, 60,
                "the orphan to be terminated")
-    assert "orphan: its request id is unknown" in c.logs_of("scheduler")
+    wait_until(lambda: f"terminated aws {stray.provider_id}: orphan: its request id is "
+               "unknown" in c.logs_of("scheduler"), 10, "the reaping to be logged")
     wait_until(lambda: shim.running() == [], 30, "the machines' processes to shut down")
     assert shim.booted == 2 and shim.shut_down == 2
     print("aws round trip:", {"launched": shim.booted, "orphans_reaped": 1,
