@@ -6,6 +6,9 @@ moto unchanged, except that a fault queued for an EC2 action (``RunInstances``, 
 answered instead with EC2's own error document (``<Response><Errors><Error><Code>...``) and
 HTTP status, the way the real endpoint answers. It counts the requests it saw and the faults it
 served, per action.
+
+moto keeps its state per process, not per server: every server a test process starts shows the
+same instances, so each test tags its machines with a cluster name of its own.
 """
 
 from __future__ import annotations
