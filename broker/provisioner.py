@@ -220,10 +220,18 @@ class Provisioner:
             except ProviderError as e:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
+        done["forgotten"] += self._forget_nodes(records, nodes)
+        done = +done  # (no zero counts)
         if done:
             log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
         self.counts.update(done)
         return done
+
+    def _forget_nodes(self, records: Sequence[Instance], nodes: Sequence[Node]) -> int:
+        """Drop the DOWN nodes of machines given back (they never return)."""
+        ended = {r.provider_id for r in records if r.ended and r.provider_id}
+        return sum(self.rt.store.forget_node(n.id) for n in nodes
+                   if n.instance_id in ended and n.state is NodeState.DOWN)
 
     def _demand(self) -> Callable[[Node], bool]:
         """Whether a pending job could run on a node (its sites admit the node's, its GPUs

@@ -112,6 +112,11 @@ class BaseStore(Leadership, ABC):
         same incarnation and its lease ended by ``now``; False otherwise."""
 
     @abstractmethod
+    def _forget_node(self, node_id: str, incarnation: str) -> bool:
+        """Delete a node that is DOWN in this incarnation (its record, its allocations, its
+        place in the node list); False if it is not."""
+
+    @abstractmethod
     def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
         """node id -> GPU id -> owner ("job:attempt") for the given (or all) nodes."""
 
@@ -526,6 +531,13 @@ class BaseStore(Leadership, ABC):
 
     def nodes(self) -> list[Node]:
         return _nodes.nodes(self)
+
+    def forget_node(self, node_id: str) -> bool:
+        """Drop a DOWN node from the store (a cloud machine given back: it never returns, and
+        would stay listed DOWN forever). False if it is not DOWN; an agent that registers again
+        later is a new node."""
+        node = next((n for n in self._load_nodes() if n.id == node_id), None)
+        return node is not None and self._forget_node(node_id, node.incarnation)
 
     def expire(self, now: float) -> list[Job]:
         """Mark nodes whose lease lapsed DOWN and requeue their jobs."""

@@ -162,3 +162,14 @@ else
 end
 return 'ok'
 """
+
+# Forget a node that is DOWN (a cloud machine given back). KEYS: 1 node, 2 nodes, 3 alloc.
+# ARGV: 1 node id, 2 expected incarnation. 1 if forgotten, 0 if it is not DOWN (or another
+# incarnation registered meanwhile).
+FORGET_NODE = """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'incarnation')
+if cur[1] ~= 'DOWN' or cur[2] ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""

@@ -233,6 +233,16 @@ class MemoryStore(BaseStore):
             self._alloc.pop(node_id, None)
             return True
 
+    def _forget_node(self, node_id: str, incarnation: str) -> bool:
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None or node.state is not NodeState.DOWN or \
+                    node.incarnation != incarnation:
+                return False
+            del self._nodes[node_id]
+            self._alloc.pop(node_id, None)
+            return True
+
     def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
         with self._lock:
             ids = list(self._nodes) if node_ids is None else list(node_ids)

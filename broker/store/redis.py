@@ -54,6 +54,7 @@ from broker.store.lua import (
     ADD_USAGE,
     APPEND_LOGS,
     COMMIT,
+    FORGET_NODE,
     INSTANCE_CAS,
     MARK_DOWN,
     PUT_NODE,
@@ -118,6 +119,7 @@ class RedisStore(BaseStore):
         self._renew_script = self.redis.register_script(RENEW)
         self._release_script = self.redis.register_script(RELEASE)
         self._instance_script = self.redis.register_script(INSTANCE_CAS)
+        self._forget_script = self.redis.register_script(FORGET_NODE)
         self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
         self._k_blocks = f"{p}blocks"
 
@@ -397,6 +399,13 @@ class RedisStore(BaseStore):
     def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
         keys = [self._k_node(node_id), self._k_alloc(node_id)]
         return bool(self._mark_down_script(keys, [expected_incarnation, repr(float(now))]))
+
+    def _forget_node(self, node_id: str, incarnation: str) -> bool:
+        keys = [self._k_node(node_id), self._k_nodes, self._k_alloc(node_id)]
+        gone = bool(self._forget_script(keys, [node_id, incarnation]))
+        if gone:
+            self._parsed_nodes.pop(node_id, None)
+        return gone
 
     def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
         ids = self._node_ids() if node_ids is None else list(node_ids)

@@ -143,3 +143,19 @@ def test_with_providers_configured_the_snapshot_has_sites_and_offers(
     store.block(block_key_of(b.id), 200.0, "spot notice")
     snap = store.snapshot(150.0)
     assert snap.offers == (a,) and snap.sites == (Site(), a.site)
+
+
+def test_forget_node_drops_only_a_down_node(store: BaseStore) -> None:
+    from broker.model import Gpu, Node
+
+    n = Node("m1", (Gpu("g0", 0, "A100-80GB", 80.0),), site="local:home:home-a:ondemand",
+             incarnation="i1", instance_id="m1")
+    store.heartbeat(n, 10.0, 100.0)
+    assert store.forget_node("m1") is False  # live: kept
+    store.expire(200.0)
+    assert [x.state.value for x in store.nodes()] == ["DOWN"]
+    assert store.forget_node("m1") is True
+    assert store.nodes() == [] and store.allocations() == {}
+    assert store.forget_node("m1") is False
+    store.heartbeat(n, 10.0, 300.0)  # an agent that comes back is a node again
+    assert [x.id for x in store.nodes()] == ["m1"]

@@ -107,6 +107,12 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY,
                                                        I.DRAINING, I.TERMINATED]
             assert gone.history[0].reason == "requested by an operator"
+            wait_until(lambda: all(n.instance_id != ready.provider_id for n in c.store.nodes()),
+                       30, "the released machine's node to be forgotten")
+            assert ready.ready_at is not None and gone.ended_at is not None
+            timings = {"launch_to_ready_s": round(ready.ready_at - ready.requested_at, 2),
+                       "job_end_to_released_s": round(gone.ended_at
+                                                      - (finished.finished_at or 0.0), 2)}
             assert len([m for m in provider.instances().values()
                         if m.request_id == rid]) == 0
             assert len(list((tmp_path / "cloud" / cluster).glob("*.json"))) == 0
@@ -142,7 +148,7 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
     finally:
         left = [m for m in provider.instances().values() if m.state is not I.TERMINATED]
         provider.terminate(list(provider.instances()))
-        print("cloud counts:", counts)
+        print("cloud counts:", counts, "timings:", locals().get("timings"))
     assert left == [], f"machines left tagged with cluster {cluster}: {left}"
 
 
