@@ -46,6 +46,7 @@ from providers.userdata import render
 log = logging.getLogger(__name__)
 I = InstanceState  # noqa: E741
 OFFERS_EVERY_S = 60.0  # the providers' offers are published this often
+FORGET_AFTER_S = 300.0  # the node of a machine given back is listed DOWN this long, then dropped
 
 
 class Provisioner:
@@ -220,18 +221,21 @@ class Provisioner:
             except ProviderError as e:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
-        done["forgotten"] += self._forget_nodes(records, nodes)
+        done["forgotten"] += self._forget_nodes(records, nodes, now)
         done = +done  # (no zero counts)
         if done:
             log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
         self.counts.update(done)
         return done
 
-    def _forget_nodes(self, records: Sequence[Instance], nodes: Sequence[Node]) -> int:
-        """Drop the DOWN nodes of machines given back (they never return)."""
+    def _forget_nodes(self, records: Sequence[Instance], nodes: Sequence[Node],
+                      now: float) -> int:
+        """Drop the nodes of machines given back (they never return) once they have been
+        DOWN for FORGET_AFTER_S (`spillway nodes` shows them DOWN meanwhile)."""
         ended = {r.provider_id for r in records if r.ended and r.provider_id}
         return sum(self.rt.store.forget_node(n.id) for n in nodes
-                   if n.instance_id in ended and n.state is NodeState.DOWN)
+                   if n.instance_id in ended and n.state is NodeState.DOWN
+                   and now - n.lease_expires > FORGET_AFTER_S)
 
     def _demand(self) -> Callable[[Node], bool]:
         """Whether a pending job could run on a node (its sites admit the node's, its GPUs

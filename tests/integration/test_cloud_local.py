@@ -107,8 +107,6 @@ def test_local_cloud_round_trip(redis_url: str, tmp_path: Path) -> None:
             assert [h.state for h in gone.history] == [I.REQUESTED, I.BOOTING, I.READY,
                                                        I.DRAINING, I.TERMINATED]
             assert gone.history[0].reason == "requested by an operator"
-            wait_until(lambda: all(n.instance_id != ready.provider_id for n in c.store.nodes()),
-                       30, "the released machine's node to be forgotten")
             assert ready.ready_at is not None and gone.ended_at is not None
             timings = {"launch_to_ready_s": round(ready.ready_at - ready.requested_at, 2),
                        "job_end_to_released_s": round(gone.ended_at

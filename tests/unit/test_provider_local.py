@@ -385,3 +385,22 @@ def test_demand_is_a_pending_job_that_fits_the_node_and_allows_its_site(
     assert p._demand()(cloud) is False
     store.submit(JobSpec(command="true", gpus=2, sites=("cloud",)), now=3.0)
     assert p._demand()(cloud) is True
+
+
+def test_the_node_of_a_machine_given_back_is_forgotten_after_a_while(
+        prov: tuple[Provisioner, Faulty]) -> None:
+    from broker.model import Gpu, Node
+    from broker.provisioner import FORGET_AFTER_S
+
+    p, faulty = prov
+    store = p.rt.store
+    requested(p, "r1", faulty.inner.offer.id)
+    store.move_instance("r1", S.BOOTING, 992.0, "launched", provider_id="m1")
+    store.move_instance("r1", S.TERMINATED, 995.0, "released")
+    node = Node("m1", (Gpu("g0", 0, "A100-80GB", 80.0),), site="local:home:home-a:ondemand",
+                incarnation="i1", instance_id="m1")
+    store.heartbeat(node, 1.0, 990.0)
+    store.expire(1000.0)
+    assert p.reconcile()["forgotten"] == 0 and [n.id for n in store.nodes()] == ["m1"]
+    p.clock = lambda: 991.0 + FORGET_AFTER_S + 1
+    assert p.reconcile()["forgotten"] == 1 and store.nodes() == []
