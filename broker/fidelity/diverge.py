@@ -22,7 +22,7 @@ def _reason(real: JobView, sim: JobView, delta: float, near_s: float) -> str:
             and abs(real.decided - sim.decided) <= near_s:
         return (f"dispatch latency: decided at the same time, its process ran "
                 f"{max(real.dispatch_s, default=0.0):.0f} s after the decision")
-    if real.nodes != sim.nodes and abs(real.submit - sim.submit) <= near_s:
+    if real.nodes != sim.nodes and abs(delta) <= 10 * near_s:
         return ("a tie broken differently: placed on another node "
                 f"(real {','.join(real.nodes)}, sim {','.join(sim.nodes)}), and what was free "
                 "later differed")
