@@ -191,9 +191,7 @@ class FreeIndex:
                 if only is not None and nid not in only:
                     continue
                 f = nodes[nid]  # fits_host, inlined: this loop is the cycle's hottest
-                site = f.node.site
-                if (site in sites or (site != "onprem" and "cloud" in sites)) \
-                        and f.cpus >= cpus and f.mem >= mem:
+                if f.cpus >= cpus and f.mem >= mem and site_allows(f.node.site, sites):
                     ext = 0.0 if horizon is None else max(0.0, end - horizon.get(nid, 0.0))
                     picked.append((ext, count - need, nid))
                     if len(picked) >= want:

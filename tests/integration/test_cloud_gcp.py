@@ -151,9 +151,9 @@ def test_gcp_round_trip_stockout_and_throttling(redis_url: str, tmp_path: Path) 
             node = next(n for n in c.store.nodes() if n.instance_id == ready.provider_id)
             assert str(node.site) == SITE_A and node.id == ready.node_id == body["name"]
 
-            # a job allowed on the cloud runs there, with the machine's GPU
+            # a job allowed on spot machines runs there, with the machine's GPU
             job = c.client.submit(command='echo "CVD=$CUDA_VISIBLE_DEVICES"', gpus=1,
-                                  sites=["cloud"], name="on-gcp")
+                                  sites=["spot"], name="on-gcp")
             finished = c.client.wait(job.id, timeout=60)
             assert finished.state is JobState.SUCCEEDED, finished.history
             alloc = finished.allocations[0]
