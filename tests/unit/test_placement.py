@@ -64,6 +64,12 @@ CASES = {
     "draining node takes nothing": (
         [node("a", 8, state=NodeState.DRAINING)], [job("j", 1)],
         {}, {"j": "Resources"}),
+    "a spot node takes a spot job, not a cloud-only one": (
+        [node("s", 1, site="gcp:us-central1:us-central1-a:spot"),
+         node("o", 1, site="gcp:us-central1:us-central1-a:ondemand")],
+        [job("sj", 1, sites=["spot"]), job("cj", 1, sites=["cloud"], submitted=1),
+         job("cj2", 1, sites=["cloud"], submitted=2)],
+        {"sj": [("s", 1)], "cj": [("o", 1)]}, {"cj2": "Resources"}),
 }
 
 
