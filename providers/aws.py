@@ -136,7 +136,10 @@ class AwsProvider:
         the same ``request_id`` already started."""
         check_label(request_id, "request id")
         region = self._check_offer(offer, count, user_data)
-        ec2 = self.client(region)
+        # RunInstances is tried once: EC2 answers a capacity shortage with HTTP 500, which
+        # botocore would retry in place (burning the account's RunInstances rate) where
+        # Spillway fails over to the next offer; throttling comes back as Retry instead
+        ec2 = self.client(region, attempts=1)
         doing = f"launch of {count} x {offer.instance_type}"
         already = self._describe(region, [_tag_filter(REQUEST_TAG, request_id)], doing,
                                  offer.id)
@@ -316,23 +319,24 @@ class AwsProvider:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def client(self, region: str) -> Any:
-        """The boto3 EC2 client for ``region`` (one each, made once; clients are
-        thread-safe)."""
+    def client(self, region: str, attempts: int | None = None) -> Any:
+        """The boto3 EC2 client for ``region`` trying each call ``attempts`` times (default
+        ``api_attempts``); one each, made once (clients are thread-safe)."""
+        attempts = self.api_attempts if attempts is None else attempts
+        key = f"{region}/{attempts}"
         with self._lock:
-            if region not in self._clients:
+            if key not in self._clients:
                 from botocore.config import Config as BotoConfig
 
                 if self._session is None:
                     self._session = self._boto3.session.Session(
                         profile_name=self.profile or None)
-                cfg = BotoConfig(retries={"mode": "standard",
-                                          "total_max_attempts": self.api_attempts},
+                cfg = BotoConfig(retries={"mode": "standard", "total_max_attempts": attempts},
                                  connect_timeout=10, read_timeout=60)
-                self._clients[region] = self._session.client(
+                self._clients[key] = self._session.client(
                     "ec2", region_name=region, endpoint_url=self.endpoint_url or None,
                     config=cfg)
-            return self._clients[region]
+            return self._clients[key]
 
 
 def _region_of(zone: str) -> str:

@@ -228,13 +228,19 @@ def test_launch_faults_map_onto_what_to_do(proxy: FaultProxy, code: str,
         p.terminate([m.provider_id for m in machines])
 
 
-def test_botocore_retries_throttling_within_one_call(proxy: FaultProxy) -> None:
+def test_botocore_retries_throttling_within_one_call_but_launches_once(
+        proxy: FaultProxy) -> None:
     p = provider(proxy, api_attempts=3)
-    proxy.inject("RunInstances", "RequestLimitExceeded", times=2)
+    proxy.inject("DescribeInstances", "RequestLimitExceeded", times=2)
+    before = proxy.seen["DescribeInstances"]
+    assert p.instances() == {}
+    assert proxy.seen["DescribeInstances"] - before == 4  # 2 throttled, then 1 per region
+    # RunInstances is tried once: a capacity shortage (HTTP 500) fails over at once
+    proxy.inject("RunInstances", "InsufficientInstanceCapacity")
     before = proxy.seen["RunInstances"]
-    machines = p.launch(offer(), 1, "req-throttled", "echo")
-    assert proxy.seen["RunInstances"] - before == 3 and len(machines) == 1
-    p.terminate([m.provider_id for m in machines])
+    with pytest.raises(FailOver):
+        p.launch(offer(), 1, "req-once", "echo")
+    assert proxy.seen["RunInstances"] - before == 1
 
 
 def test_throttled_listing_and_terminate_say_retry(proxy: FaultProxy) -> None:
