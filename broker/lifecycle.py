@@ -14,7 +14,8 @@ table (broker/model/cloud.py):
   ``boot_timeout_s`` -> terminate, FAILED, and the zone cools down;
 - READY idle (no job holds a GPU on its node) longer than ``idle_timeout_s``, and no pending
   job could run there -> its node is drained, DRAINING; DRAINING with no job left ->
-  terminate, TERMINATED;
+  terminate, TERMINATED, unless a pending job could run there again (drained for idleness
+  only) -> its node resumes, READY;
 - READY or DRAINING whose node's lease expired -> terminate, TERMINATED (its jobs were
   requeued when the lease expired);
 - a live record whose machine the provider no longer lists -> TERMINATED;
@@ -34,6 +35,7 @@ from providers.base import CloudMachine
 
 I = InstanceState  # noqa: E741
 GONE = frozenset({I.TERMINATED, I.FAILED})  # a machine in these states costs nothing
+IDLE_DRAIN = "spillway: idle"  # who drained a node for idleness (Node.drained_by)
 RESEND_AFTER_S = 60.0  # longer than a launch's retries take (1 + 2 + 4 + 8 + 16 s)
 
 
@@ -59,6 +61,7 @@ class Step:
     drain: str = ""
     block: bool = False
     resend: bool = False  # send the record's launch again
+    resume: str = ""  # the node to take jobs again (it was drained for idleness)
     count: str = ""
 
 
@@ -151,6 +154,10 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
     if rec.state is I.DRAINING:
         if node_id in busy:
             return []
+        if node.drained_by == IDLE_DRAIN and wanted(node):  # demand came back in time
+            idle_now[node_id] = now
+            return [Step(p, rid, I.READY, "new demand: a pending job could run there",
+                         resume=node_id, count="resumed")]
         return [Step(p, rid, I.TERMINATED, "released: drained and idle",
                      terminate=rec.provider_id, count="released")]
     if node_id in busy or node.state is not NodeState.READY:  # READY, in use (or drained

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker import commands
 from broker.cloud_settings import ProviderSettings
-from broker.lifecycle import RESEND_AFTER_S, Step, Timeouts, decide
+from broker.lifecycle import IDLE_DRAIN, RESEND_AFTER_S, Step, Timeouts, decide
 from broker.model import Instance, InstanceState, Job, Node, NodeState, Offer
 from broker.model.fit import could_hold, site_allows
 from broker.runtime import Runtime
@@ -266,7 +266,9 @@ class Provisioner:
             log.warning("launch %s sent again: %s", step.request_id, step.reason)
             return True
         if step.drain:
-            store.set_node_state(step.drain, NodeState.DRAINING, by="spillway: idle")
+            store.set_node_state(step.drain, NodeState.DRAINING, by=IDLE_DRAIN)
+        if step.resume:
+            store.set_node_state(step.resume, NodeState.READY)
         if step.terminate:
             self.provider(step.provider).terminate([step.terminate])
             log.warning("terminated %s %s: %s", step.provider, step.terminate, step.reason)

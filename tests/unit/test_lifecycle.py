@@ -164,3 +164,18 @@ def test_an_idle_node_a_pending_job_could_use_is_kept() -> None:
     out = decide(NOW + 31, r, listed, n, frozenset(), {"local": T}, {"m1": NOW},
                  frozenset({"r1"}), wanted)
     assert out.steps == [] and out.idle_since == {"m1": NOW + 31} and asked == ["m1"]
+
+
+def test_a_node_drained_for_idleness_resumes_when_demand_comes_back() -> None:
+    from dataclasses import replace
+
+    from broker.lifecycle import IDLE_DRAIN
+
+    r = [rec("r1", S.DRAINING, pid="m1", node="m1")]
+    listed = {"local": {"m1": machine("m1", "r1")}}
+    idle = replace(node("m1", "m1", state=NodeState.DRAINING), drained_by=IDLE_DRAIN)
+    by_op = replace(idle, drained_by="alice")
+    for n, expect in ((idle, [(S.READY, "m1", "")]), (by_op, [(S.TERMINATED, "", "m1")])):
+        out = decide(NOW, r, listed, [n], frozenset(), {"local": T}, {}, frozenset({"r1"}),
+                     lambda x: True)
+        assert [(s.move, s.resume, s.terminate) for s in out.steps] == expect
