@@ -17,7 +17,9 @@ whose ``sites`` allow a cloud:
    runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
    and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
    whose boot fits the target. Jobs bursting in one cycle share an instance when joining one
-   costs less than a new one (the marginal hours it keeps the instance up).
+   costs less than a new one (the marginal hours it keeps the instance up). If bursting jobs
+   ahead of it instead (cheapest per GPU first, ``make_room_max_jobs`` at most) costs less
+   and lets on-prem start it in time, those burst and it stays.
 5. Preempt or burst (a class that may preempt, with evictions planned for it this cycle):
    ``preempt_or_burst`` 0 keeps the preemption; 1 bursts instead when the cloud costs less
    than the work the victims lose (``onprem_gpu_hour_usd`` per GPU-hour lost) and drops those
@@ -59,11 +61,12 @@ from policies.reasons import dur
 from policies.registry import register
 
 SLA_DEFAULTS: dict[str, float] = {
-    "margin_s": 120.0,  # decide this much before the last moment a boot still fits
+    "margin_s": 300.0,  # decide this much before the last moment a boot still fits
     "late_min_gain_s": 3600.0,  # SLA lost anyway: burst only if the cloud is this much sooner
     "preempt_or_burst": 0.0,  # 0 prefer preemption, 1 the cheaper, 2 prefer bursting
     "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
     "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
+    "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 
@@ -170,8 +173,51 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 1.0 \
             and choice.cost >= evict_cost:
         return False  # preempting costs the victims less than the cloud would
+    if evict_cost is None and _make_room(cycle, job, cfg, costs, room, new, pos, leaving,
+                                         target, choice.cost):
+        return False  # cheaper jobs ahead of it burst instead; it starts on-prem in time
     _book(cycle, job, choice, room, new, start)
     return True
+
+
+def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
+               room: dict[tuple[str, str], float], new: list[Bin], pos: int,
+               leaving: set[str], target: float, own_cost: float) -> bool:
+    """Burst jobs ahead of ``job`` instead, cheapest per GPU first, if that costs less than
+    bursting ``job`` and lets on-prem start it within its SLA (a long job at the back of the
+    queue costs more in the cloud than the short ones ahead of it)."""
+    ahead = cycle.blocked[:pos]
+    limit = int(cfg["make_room_max_jobs"])
+    cands: list[tuple[float, Job, _Choice]] = []
+    for a in ahead:
+        if a.id in leaving:
+            continue
+        acls = may_burst(cycle, a)
+        if acls is None or a.res.nodes > 1:
+            continue
+        offers = _offers_for(cycle, a, acls)
+        if not offers:
+            continue
+        kept = cycle.pending.get(a.id)
+        c = _cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
+        if kept is not None:
+            cycle.pending[a.id] = kept
+        if c is not None:
+            cands.append((c.cost / max(1, a.res.total_gpus), a, c))
+    cands.sort(key=lambda x: (x[0], x[1].id))
+    trial, total, chosen = set(leaving), 0.0, []
+    for _, a, c in cands[:limit]:
+        total += c.cost
+        if total >= own_cost:
+            return False
+        trial.add(a.id)
+        chosen.append((a, c))
+        if onprem_start(cycle, job, ahead, trial) <= target:
+            for b, bc in chosen:
+                _book(cycle, b, bc, room, new, math.inf, made_room_for=job.id)
+                leaving.add(b.id)
+            return True
+    return False
 
 
 def _offers_for(cycle: Cycle, job: Job, cls: PriorityClass) -> list[Offer]:
@@ -241,7 +287,7 @@ def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
 
 
 def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float],
-          new: list[Bin], start: float) -> None:
+          new: list[Bin], start: float, made_room_for: str = "") -> None:
     now = cycle.now
     boot = float(c.offer.extra.get("boot_s", cycle.settings("sla")["boot_s"]))
     run = runtime_on(cycle, job, c.offer.gpu_model, float(cycle.settings("sla")
@@ -256,10 +302,12 @@ def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float]
     b.runs_until = max(b.runs_until, now + boot + run)
     b.jobs.append(job.id)
     when = "never" if not math.isfinite(start) else f"in ~{dur(start - now)}"
+    why = f"it makes room on-prem for {made_room_for}, whose SLA would break and who would " \
+          "cost more in the cloud" if made_room_for else \
+        f"on-prem start forecast {when} breaks its {job.priority} SLA"
     cycle.pending[job.id] = Reason(
-        "Bursting", f"on-prem start forecast {when} breaks its {job.priority} SLA; renting "
-        f"{c.offer.id} (${c.offer.price_per_hour:g}/h), expected ${c.cost:.2f} to finish it, "
-        f"ready in ~{dur(boot)}")
+        "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "
+        f"${c.cost:.2f} to finish it, ready in ~{dur(boot)}")
 
 
 def _victims_cost(cycle: Cycle, job: Job, cfg: Mapping[str, Any]) -> float:

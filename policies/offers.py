@@ -39,9 +39,9 @@ def cloud_sites_allowed(job: Job, cls: PriorityClass) -> bool:
 
 def market_allowed(offer: Offer, job: Job, cls: PriorityClass, spot: bool = True) -> bool:
     """May ``job`` of class ``cls`` run on ``offer``'s market (``spot``: spot wanted at all)?"""
-    sites = job.spec.sites
-    if offer.market.value == "spot":
-        return spot and cls.spot_allowed and ("spot" in sites or "cloud" in sites)
+    sites = job.spec.sites  # (as broker.model.fit.site_allows: spot admits spot sites, cloud
+    if offer.market.value == "spot":  # the other cloud sites)
+        return spot and cls.spot_allowed and "spot" in sites
     return "cloud" in sites
 
 

@@ -36,8 +36,8 @@ class CloudRun:
         self.live: set[str] = set()  # nodes that take jobs (counted in sim.devices)
         self.jobs_lost = 0  # jobs on an instance when it went away (must stay 0)
         classes = {c.name: c for c in sim.cluster.classes}
-        self._sites = {n: ("onprem", "cloud") if c.may_burst else ("onprem",)
-                       for n, c in classes.items()}
+        self._sites = {n: (("onprem", "cloud", "spot") if c.spot_allowed else ("onprem", "cloud"))
+                       if c.may_burst else ("onprem",) for n, c in classes.items()}
 
     def sites_of(self, priority: str) -> tuple[str, ...]:
         """A simulated job's ``sites``: the cloud too when its class may burst."""
