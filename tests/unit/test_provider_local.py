@@ -404,3 +404,18 @@ def test_the_node_of_a_machine_given_back_is_forgotten_after_a_while(
     assert p.reconcile()["forgotten"] == 0 and [n.id for n in store.nodes()] == ["m1"]
     p.clock = lambda: 991.0 + FORGET_AFTER_S + 1
     assert p.reconcile()["forgotten"] == 1 and store.nodes() == []
+
+
+def test_terminate_by_provider_or_request_id_and_before_the_record_knew_the_machine(
+        prov: tuple[Provisioner, Faulty]) -> None:
+    p, faulty = prov
+    inner = faulty.inner
+    for rid in ("r1", "r2"):
+        requested(p, rid, inner.offer.id)
+    assert p.launch_one("r1").provider_id == "local-r1"  # type: ignore[union-attr]
+    inner.launch(inner.offer, 1, "r2", SLEEPER)  # started, not recorded (a provisioner died)
+    assert p.terminate(["local-r1", "r2", "nobody"], "no longer needed") == 2
+    assert inner.instances() == {}
+    r1, r2 = p.rt.store.instance("r1"), p.rt.store.instance("r2")
+    assert r1 is not None and r1.state is S.TERMINATED and r1.reason == "no longer needed"
+    assert r2 is not None and r2.state is S.TERMINATED and r2.provider_id == "local-r2"
