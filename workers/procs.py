@@ -1,7 +1,9 @@
 """Process helpers for the job runner: the parent-death wrapper, line splitting, leftovers.
 
-A job process is started as ``setpriv --pdeathsig KILL -- <argv>`` when util-linux ``setpriv``
-is present, so the kernel SIGKILLs it if the agent dies without cleaning up (kill -9, OOM).
+A job process without a cgroup (or started while the agent's keeper is down; see
+:meth:`workers.isolation.Isolation.kept`) is started as ``setpriv --pdeathsig KILL -- <argv>``
+when util-linux ``setpriv`` is present, so the kernel SIGKILLs it if the agent dies without
+cleaning up (kill -9, OOM); a job in a cgroup is killed by the keeper instead.
 The parent-death signal fires when the *thread* that forked the child exits, not the process:
 the :class:`~workers.runner.Supervisor` therefore forks every job from its own long-lived
 thread, which lives exactly as long as the supervisor.
