@@ -176,6 +176,7 @@ class SimInstance:
     busy_mark: float = 0.0
     idle_s: float = 0.0
     low_since: float | None = None  # under half busy since (None: at least half busy)
+    for_jobs: frozenset[str] = frozenset()  # the jobs it was launched for
 
 
 class Clouds:
@@ -276,7 +277,8 @@ class Clouds:
                 continue
             boot = self.rng.uniform(*site.boot_s)
             rec = rec.moved(InstanceState.BOOTING, now, "accepted")
-            inst = self.instances[pid] = SimInstance(rec, offer, site, now + boot)
+            inst = self.instances[pid] = SimInstance(rec, offer, site, now + boot,
+                                                     for_jobs=frozenset(launch.for_jobs))
             out.append(inst)
         return out
 

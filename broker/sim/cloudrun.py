@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from broker.model import InstanceState, NodeState
 from broker.plan import Plan, Snapshot
 from broker.sim.cloud import Clouds, CloudSpec, SimInstance
-from broker.state import EvictionKind, JobState
+from broker.state import ACTIVE, EvictionKind, JobState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Simulation, _Run
@@ -76,22 +76,39 @@ class CloudRun:
         return False
 
     def _scale_down(self, inst: SimInstance, now: float) -> None:
-        """Release an idle node, and drain one that has been under half busy for the idle
-        timeout (it takes no new job and goes when its jobs have left), as Kubernetes'
-        cluster autoscaler does with its default scale-down-utilization-threshold of 0.5."""
+        """Release an idle node. Drain one (it takes no new job and goes when its jobs have
+        left) that has been under half busy for the idle timeout, as Kubernetes' cluster
+        autoscaler does with its default scale-down-utilization-threshold of 0.5, or that no
+        longer serves a job it was launched for (they ended, or started elsewhere): jobs that
+        land on it meanwhile do not keep a rented machine up for ever."""
         node = inst.node
         assert node is not None
         draining = node.id not in self.live
         timeout = self.spec.idle_timeout_s - 1e-6
         waited = now - inst.idle_since >= timeout
-        low = inst.low_since is not None and now - inst.low_since >= timeout
+        low = inst.low_since is not None and now - inst.low_since >= timeout \
+            and inst.busy < 0.5 * len(node.allocatable)
+        done = inst.for_jobs and now - inst.ready_at >= timeout and not self._serves(inst)
         if inst.busy == 0 and (draining or waited):
             self._release(inst, now, "drained" if draining else
                           f"idle for {self.spec.idle_timeout_s:g}s")
-        elif not draining and low and inst.busy < 0.5 * len(node.allocatable):
+        elif not draining and (low or done):
             self.sim.store.set_node_state(node.id, NodeState.DRAINING, by="scale-down")
             self._unlive(node.id)
-            inst.record = inst.record.moved(InstanceState.DRAINING, now, "under half busy")
+            inst.record = inst.record.moved(InstanceState.DRAINING, now, "under half busy"
+                                            if low else "its jobs are done")
+            if inst.busy == 0:
+                self._release(inst, now, "drained")
+
+    def _serves(self, inst: SimInstance) -> bool:
+        """Is a job it was launched for still waiting, or running on it?"""
+        node_id = inst.record.node_id
+        for job_id in inst.for_jobs:
+            job = self.sim.store.get(job_id)
+            if job.state is JobState.PENDING or (job.state in ACTIVE
+                                                 and node_id in job.node_ids):
+                return True
+        return False
 
     def _boot(self, pid: str, now: float) -> bool:
         inst = self.clouds.boot(pid, now)

@@ -129,3 +129,22 @@ def test_a_node_under_half_busy_is_drained_and_released_when_its_jobs_leave() ->
     assert later.first_start_s is not None and later.first_start_s >= 2200 + 14400 - 800
     assert second.record.requested_at > first.record.requested_at
     assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
+
+
+def test_a_node_whose_jobs_are_done_drains_even_if_others_keep_it_busy() -> None:
+    """Jobs that land on a rented node do not keep it up for ever: once the job it was
+    launched for has ended, it drains (no new job lands there) and goes when they leave."""
+    jobs = trace(*JOBS.jobs, tj("b1", 1700, 5 * H, 1), tj("b2", 1700, 5 * H, 1),
+                 tj("b3", 2 * H, 600, 1))
+    sim = Simulation(cluster(instance_types=["p3.8xlarge"]), jobs, "spillway")
+    res = sim.run()
+    assert sim.cloud is not None
+    first = min(sim.cloud.clouds.instances.values(), key=lambda i: i.record.requested_at)
+    node = first.record.node_id
+    assert [h.reason for h in first.record.history if h.state.value == "DRAINING"] == [
+        "its jobs are done"]
+    ran = {j.id for j in sim.store.list_jobs() if any(
+        a.node_id == node for at in j.attempts for a in at.allocations)}
+    assert ran == {"hi", "b1", "b2"}
+    assert first.record.ended_at == max(r.end_s or 0 for r in res.records if r.id in ran)
+    assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
