@@ -27,7 +27,8 @@ from celery import Celery
 
 from broker import commands
 from broker.app import configure
-from broker.model import Instance, NodeState
+from broker.client import JobTimeout
+from broker.model import Instance, Job, NodeState
 from broker.model.cloud import InstanceState, Market, Offer
 from broker.state import EvictionKind, JobState
 from broker.store.instances import block_key
@@ -122,7 +123,10 @@ def _configure(c: Cluster, tmp: Path, cluster: str, endpoint: str, idle_timeout_
         "boot_timeout_s": 60, "idle_timeout_s": idle_timeout_s, "cooldown_s": 600,
         "install_command": "", "worker_command": f"{sys.executable} -m broker.cli"}}}))
     c.env.update({**AWS_TEST_ENV, "SPILLWAY_CONFIG": str(cfg),
-                  "SPILLWAY_PROVISION_RETRY_S": "0.2", "SPILLWAY_SPOT_POLL_S": "0.2"})
+                  "SPILLWAY_PROVISION_RETRY_S": "0.2", "SPILLWAY_SPOT_POLL_S": "0.2",
+                  # a lease that outlives a few missed beats on a loaded machine: an expired
+                  # one would (rightly) get the machine terminated mid-test
+                  "SPILLWAY_LEASE_TTL_S": "5"})
 
 
 def _vpc(endpoint: str) -> str:
@@ -142,6 +146,19 @@ def _record(c: Cluster, rid: str) -> Instance:
     inst = c.store.instance(rid)
     assert inst is not None
     return inst
+
+
+def _wait_job(c: Cluster, job_id: str) -> Job:
+    """The job once it ended; on a timeout, what explain and the nodes say."""
+    try:
+        return c.client.wait(job_id, timeout=60)
+    except JobTimeout:
+        print("explain:", c.client.explain(job_id))
+        print("nodes:", [(n.id, n.site, n.state.value, n.instance_id)
+                         for n in c.store.nodes()])
+        print("instances:", [(i.request_id, i.state.value, i.provider_id)
+                             for i in c.store.instances()])
+        raise
 
 
 def _left_in_moto(moto_url: str, cluster: str) -> list[str]:
@@ -172,7 +189,9 @@ def test_aws_round_trip_through_the_provisioner(
         aws_cluster: tuple[Cluster, BootShim, FaultProxy, str], tmp_path: Path) -> None:
     c, shim, proxy, cluster = aws_cluster
     moto_url = proxy.upstream_url
-    _configure(c, tmp_path, cluster, proxy.url, idle_timeout_s=3)
+    # idle_timeout_s: long enough that the job submitted once the machine is READY lands on
+    # it before it is found idle, even on a loaded machine
+    _configure(c, tmp_path, cluster, proxy.url, idle_timeout_s=10)
     c.start_scheduler()
     wait_until(lambda: OFFER in {o.id for o in c.store.offers(time.time())}, 30,
                "the AWS offers to be published")
@@ -207,10 +226,11 @@ def test_aws_round_trip_through_the_provisioner(
     # a repeated launch message starts no second machine
     commands.launch(configure(Celery("test-aws"), c.url), OFFER, 1, rid)
 
-    # a job allowed on the cloud runs there, on the machine's GPU
+    # a job allowed on the cloud runs there, on the machine's GPU (a spot machine takes jobs
+    # whose sites include spot: broker.model.fit.site_allows)
     job = c.client.submit(command='echo "CVD=$CUDA_VISIBLE_DEVICES on $SPILLWAY_NODE_ID"',
-                          gpus=1, sites=["cloud"], name="on-aws")
-    finished = c.client.wait(job.id, timeout=60)
+                          gpus=1, sites=["cloud", "spot"], name="on-aws")
+    finished = _wait_job(c, job.id)
     assert finished.state is JobState.SUCCEEDED, finished.history
     alloc = finished.allocations[0]
     assert alloc.node_id == node.id
@@ -233,8 +253,9 @@ def test_aws_round_trip_through_the_provisioner(
     wait_until(lambda: f"terminated aws {stray.provider_id}: orphan: its request id is "
                "unknown" in c.logs_of("scheduler"), 10, "the reaping to be logged")
     wait_until(lambda: shim.running() == [], 30, "the machines' processes to shut down")
-    assert shim.booted == 2 and shim.shut_down == 2
-    print("aws round trip:", {"launched": shim.booted, "orphans_reaped": 1,
+    # (the orphan may be reaped before the shim saw it boot: then it never ran)
+    assert shim.booted == shim.shut_down and shim.booted in (1, 2)
+    print("aws round trip:", {"launched": 2, "orphans_reaped": 1,
                               "faults": dict(proxy.served)})
 
 
@@ -271,7 +292,7 @@ def test_aws_spot_notice_moves_the_job_and_releases_the_machine(
     c.start_agent("n2", "1xK80-12GB", cpus=8)  # on-prem, where the job goes next
 
     shim.machines[ready.provider_id].meta.interrupt("terminate", in_s=120)
-    done = c.client.wait(job.id, timeout=60)
+    done = _wait_job(c, job.id)
     assert done.state is JobState.SUCCEEDED, done.history
     assert [a.allocations[0].node_id for a in done.attempts] == [ready.provider_id, "n2"]
     stops = [(h.attempt, h.kind) for h in done.history if h.state is JobState.STOPPING]

@@ -25,6 +25,7 @@ SPOT_SITE = "aws:us-east-1:us-east-1a:spot"
 @pytest.fixture
 def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
     with running(with_db(redis_url, DB), tmp_path) as c:
+        c.env["SPILLWAY_LEASE_TTL_S"] = "5"  # no node taken for dead on a loaded machine
         yield c
 
 
