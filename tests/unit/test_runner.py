@@ -322,13 +322,14 @@ def test_line_splitter_and_exit_codes() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="pidfd and /proc are Linux-only")
-def test_spawn_rate_is_hundreds_per_second(h: Harness) -> None:
+def test_a_burst_of_spawns_all_start_and_exit(h: Harness) -> None:
+    """200 jobs handed over at once all start and end (speed is `spillway bench dispatch`'s
+    business, not a timed assertion here)."""
     jobs = [h.place((), command=["true"]) for _ in range(200)]
-    t0 = time.perf_counter()
-    h.sup.spawn_many([(j, 0, ()) for j in jobs], NODE)
-    assert h.sup.wait_idle(30)
-    rate = len(jobs) / (time.perf_counter() - t0)
-    assert rate > 100, f"{rate:.0f} spawns/s"
+    parts = h.sup.spawn_many([(j, 0, ()) for j in jobs], NODE)
+    assert h.sup.wait_idle(60)
+    assert [p.start_error for p in parts] == [None] * len(jobs)
+    assert all(p.done.is_set() and p.exit_code == 0 and p.reason == "Exited" for p in parts)
 
 
 # -- the agent's decisions (workers/agent.py) against the same store ---------------------------
