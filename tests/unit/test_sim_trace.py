@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -106,12 +105,9 @@ def test_derived_class_uses_only_existing_names() -> None:
 # Philly
 
 
-def test_philly_loads_every_row_fast() -> None:
-    t0 = time.perf_counter()
+def test_philly_loads_every_row() -> None:
     trace = load_trace("philly")
-    elapsed = time.perf_counter() - t0
     assert len(trace.jobs) == PHILLY_ROWS  # no row has duration <= 0
-    assert elapsed < 2.0
     assert trace.origin == parse_time("2017-09-04T10:30:41Z")
     assert trace.jobs[0].submit_s == 0.0
 
