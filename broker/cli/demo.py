@@ -1,4 +1,5 @@
-"""``spillway demo``: a local cluster, a small mixed workload, a live table, a summary."""
+"""``spillway demo``: a local cluster, a small mixed workload, a live table, a summary; by
+default with a ``local`` cloud that the workload overflows into (broker/cli/demo_cloud.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from broker.cli import demo_cloud
 from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, settings
 from broker.cli.ops import _Stop, install_stop_handlers
 from broker.cli.render import fitted_table, gpus_text, state_text
@@ -46,6 +48,7 @@ class DemoJob:
     gpus: int
     seconds: float
     outcome: JobState  # how it should end: SUCCEEDED, FAILED (on purpose) or CANCELLED
+    wave: int = 1  # 2: submitted once the first wave holds every on-prem GPU
 
     def command(self) -> str:
         say = f'echo "{self.name}: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
@@ -72,32 +75,75 @@ WORKLOAD = (
 )
 
 
-def workload(n: int) -> list[DemoJob]:
+# With the cloud: long jobs fill the 8 on-prem GPUs, then high jobs (SLA 10 s in the demo's
+# classes) arrive and burst; the rest run wherever GPUs free up first.
+CLOUD_WORKLOAD = (
+    DemoJob("train-vit", "vision", "normal", 4, 14, S),
+    DemoJob("finetune-llama", "nlp", "critical", 2, 14, S),
+    DemoJob("distill", "nlp", "normal", 2, 14, S),
+    DemoJob("train-resnet", "vision", "high", 4, 4, S, wave=2),
+    DemoJob("embed-corpus", "nlp", "high", 2, 3, S, wave=2),
+    DemoJob("eval-bert", "nlp", "high", 1, 3, S, wave=2),
+    DemoJob("long-sweep", "vision", "low", 2, 60, C, wave=2),  # cancelled once it runs
+    DemoJob("bad-config", "speech", "normal", 1, 0, F, wave=2),
+    DemoJob("batch-infer", "vision", "normal", 1, 3, S, wave=2),
+    DemoJob("eval-whisper", "speech", "low", 1, 2, S, wave=2),
+    DemoJob("hparam-a", "vision", "low", 1, 2, S, wave=2),
+    DemoJob("hparam-b", "vision", "low", 1, 2, S, wave=2),
+)
+
+
+def workload(n: int, cloud: bool = False) -> list[DemoJob]:
+    base_jobs = CLOUD_WORKLOAD if cloud else WORKLOAD
     jobs = []
     for i in range(n):
-        base = WORKLOAD[i % len(WORKLOAD)]
-        rnd = i // len(WORKLOAD)
+        base = base_jobs[i % len(base_jobs)]
+        rnd = i // len(base_jobs)
         name = base.name if rnd == 0 else f"{base.name}-{rnd + 1}"
         jobs.append(DemoJob(name, base.team, base.priority, base.gpus, base.seconds,
-                            base.outcome))
+                            base.outcome, base.wave))
     return jobs
 
 
 class Board:
     """The demo's view of its jobs: states, last output line, and the one cancel it does."""
 
-    def __init__(self, client: Any, plan: list[DemoJob], jobs: list[Job], node: str,
-                 inventory: str) -> None:
+    def __init__(self, client: Any, node: str, inventory: str, cloud: bool = False) -> None:
         self.client, self.node, self.inventory = client, node, inventory
-        self.plan = {j.id: p for j, p in zip(jobs, plan)}
-        self.jobs = {j.id: j for j in jobs}
-        self.cursor = dict.fromkeys(self.plan, "0")
+        self.plan: dict[str, DemoJob] = {}
+        self.jobs: dict[str, Job] = {}
+        self.cursor: dict[str, str] = {}
+        self.machines = demo_cloud.Machines() if cloud else None
         self.last_line: dict[str, str] = {}
         self.devices: dict[str, str] = {}  # CUDA_VISIBLE_DEVICES, as each job printed it
         self.cancelled: set[str] = set()
         self.t0 = time.time()
 
+    def submit(self, plan: list[DemoJob]) -> None:
+        submitted = self.client.submit_many([
+            {"command": p.command(), "name": p.name, "team": p.team, "priority": p.priority,
+             "gpus": p.gpus, "cpus": 1} for p in plan])
+        for job, p in zip(submitted, plan):
+            self.plan[job.id], self.jobs[job.id], self.cursor[job.id] = p, job, "0"
+
+    def onprem_full(self, gpus: int) -> bool:
+        """Whether jobs hold ``gpus`` GPUs on the on-prem node, or none is left pending."""
+        held = sum(len(a.gpu_ids) for j in self.jobs.values() if j.state is JobState.RUNNING
+                   for a in j.allocations if a.node_id == self.node)
+        return held >= gpus or not any(j.state is JobState.PENDING for j in self.jobs.values())
+
+    def where(self, job: Job) -> str:
+        """onprem, or the rented machine's short name (cloud-N), of its latest placement."""
+        allocs = job.allocations or (job.attempts[-1].allocations if job.attempts else ())
+        if not allocs:
+            return "-"
+        node = allocs[0].node_id
+        named = self.machines.name_of_node(node) if self.machines is not None else None
+        return named or ("onprem" if node == self.node else node)
+
     def poll(self) -> None:
+        if self.machines is not None:
+            self.machines.update(self.client.store.instances())
         ids = list(self.plan)
         for job in self.client.store.get_many(ids):
             if job is not None:
@@ -122,6 +168,11 @@ class Board:
     def done(self) -> bool:
         return all(j.state in TERMINAL for j in self.jobs.values())
 
+    @property
+    def settled(self) -> bool:
+        """Every job ended and every rented machine given back."""
+        return self.done and (self.machines is None or self.machines.settled)
+
     def render(self, width: int = 120) -> Group:
         """The live view, fitted to ``width`` columns: the job id is always shown; the last
         output line, the team and the name are shortened, then dropped, when it is narrow."""
@@ -131,29 +182,36 @@ class Board:
             ("Spillway demo", "bold"), f"  {self.node} {self.inventory}  ",
             f"{fmt_duration(now - self.t0)}  ",
             ", ".join(f"{s.value.lower()} {counts[s]}" for s in JobState if counts[s]))
-        note = Text(f"DEVICES: CUDA_VISIBLE_DEVICES as each job saw it (GPU-{self.node}-N as N)",
+        note = Text("SITE: onprem or rented cloud-N; DEVICES: CUDA_VISIBLE_DEVICES, N of "
+                    "GPU-<node>-N" if self.machines is not None else
+                    f"DEVICES: CUDA_VISIBLE_DEVICES as each job saw it (GPU-{self.node}-N as N)",
                     style="dim")
-        heads = ("ID", "NAME", "TEAM", "CLASS", "GPUS", "STATE", "WAITED", "RAN", "DEVICES")
+        heads = ("ID", "NAME", "TEAM", "CLASS", "GPUS", "STATE", "WAITED", "RAN", "SITE",
+                 "DEVICES")
         rows = []
         for job_id, job in self.jobs.items():
             rows.append((job.id, job.spec.name or "-", job.team, job.priority,
                          gpus_text(job.spec), job.state.value, fmt_duration(_wait_of(job, now)),
-                         fmt_duration(_run_of(job, now)),
-                         self._short(self.devices.get(job_id, "")) or "-"))
+                         fmt_duration(_run_of(job, now)), self.where(job),
+                         self._short(job, self.devices.get(job_id, "")) or "-"))
         # the id and the numbers are never cut; the last output line, the team and the name
         # are shortened, then dropped in that order, to fit a narrow terminal
         table, keep = fitted_table((*heads, "LAST OUTPUT"),
                                    [(*r, self.last_line.get(r[0], "")) for r in rows], width,
-                                   shorten={1: 8, 2: 5, 9: 12}, droppable=(9, 2, 1))
+                                   shorten={1: 8, 2: 5, 10: 12}, droppable=(10, 2, 1))
         for job, r in zip(self.jobs.values(), rows):
             cells: list[Any] = [escape((*r, self.last_line.get(job.id, ""))[i]) for i in keep]
             cells[keep.index(5)] = state_text(job.state)
             table.add_row(*cells)
-        return Group(head, note, table)
+        if self.machines is None:
+            return Group(head, note, table)
+        names = {j.id: j.spec.name or j.id for j in self.jobs.values()}
+        return Group(head, note, table, Text(), self.machines.render(now, names, width))
 
-    def _short(self, devices: str) -> str:
-        """The demo's static GPUs are named GPU-<node>-<index>: show the indices."""
-        prefix = f"GPU-{self.node}-"
+    def _short(self, job: Job, devices: str) -> str:
+        """Static GPUs are named GPU-<node>-<index>: show the indices."""
+        allocs = job.allocations or (job.attempts[-1].allocations if job.attempts else ())
+        prefix = f"GPU-{allocs[0].node_id if allocs else self.node}-"
         ids = [d.strip() for d in devices.split(",") if d.strip()]
         if not ids or not all(d.startswith(prefix) for d in ids):
             return devices
@@ -174,7 +232,9 @@ def _run_of(job: Job, now: float) -> float | None:
     return end - start
 
 
-def summary(board: Board) -> tuple[Table, list[str]]:
+def summary(board: Board, left: int = 0) -> tuple[Table, list[str]]:
+    """The summary table and the jobs that ended otherwise than planned; ``left``: cloud
+    machines the provider still lists."""
     jobs = list(board.jobs.values())
     counts = Counter(j.state.value for j in jobs)
     waits = [j.attempts[0].started_at - j.submitted_at for j in jobs if j.attempts]
@@ -190,32 +250,40 @@ def summary(board: Board) -> tuple[Table, list[str]]:
     table.add_row("mean wait", fmt_duration(statistics.mean(waits)) if waits else "-")
     table.add_row("max wait", fmt_duration(max(waits)) if waits else "-")
     table.add_row("makespan", fmt_duration(makespan))
+    if board.machines is not None:
+        on_cloud = sum(board.where(j).startswith("cloud-") for j in jobs)
+        table.add_row("jobs run on cloud machines", str(on_cloud))
+        for key, value in demo_cloud.summary_rows(board.machines, left):
+            table.add_row(key, value)
     wrong = [f"{j.spec.name} ({j.id}) ended {j.state.value}, expected "
              f"{board.plan[j.id].outcome.value}" for j in jobs
              if j.state is not board.plan[j.id].outcome]
     return table, wrong
 
 
-def closing_notes(jobs: list[Job], config: Any) -> list[str]:
+def closing_notes(jobs: list[Job], config: Any, backfill: bool = True) -> list[str]:
     """What the demo says when it ends: why a lower class started before a higher one, if one
-    did (backfill), and what to try next."""
+    did (backfill; not asked with the cloud, where that has other causes), and what to try
+    next."""
     rank = {c.name: c.rank for c in config.classes}
     started = sorted((j for j in jobs if j.attempts), key=lambda j: j.attempts[0].started_at)
     notes = []
     pair = next(((lo, hi) for i, hi in enumerate(started) for lo in started[:i]
                  if rank.get(lo.priority, 0) < rank.get(hi.priority, 0)
-                 and lo.attempts[0].started_at < hi.attempts[0].started_at), None)
-    if pair:
+                 and hi.submitted_at < lo.attempts[0].started_at < hi.attempts[0].started_at),
+                None)
+    if pair and backfill:
         lo, hi = pair
         gpus = f"{hi.spec.gpus} GPUs" if hi.spec.gpus != 1 else "a GPU"
         notes.append(f"{lo.name} ({lo.priority}) started before {hi.name} ({hi.priority}): "
                      f"backfill. {hi.name} needed {gpus} free together and fewer were; "
                      f"{lo.name} fitted in the GPUs left idle meanwhile, never delaying the job "
                      f"first in line. `spillway explain JOB` says why a job waits.")
-    notes.append("Next: `spillway up` runs this cluster until Ctrl-C and prints the `export "
-                 "SPILLWAY_REDIS_URL=...` line for another terminal; there, from your project's "
-                 "directory: `spillway submit --gpus 1 -- python train.py`, then `spillway "
-                 "queue`, `spillway explain JOB`, `spillway logs -f JOB`.")
+    notes.append("Next: `spillway up` runs this cluster until Ctrl-C (`--cloud local` adds "
+                 "the cloud) and prints the `export SPILLWAY_REDIS_URL=...` line for "
+                 "another terminal; there, from your project's directory: `spillway "
+                 "submit --gpus 1 -- python train.py`, then `spillway queue`, `spillway "
+                 "explain JOB`, `spillway logs -f JOB`.")
     return notes
 
 
@@ -228,11 +296,15 @@ def demo(
                     ] = "8xA100-80GB",
     timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many "
                                                              "seconds of workload.")] = 120.0,
+    no_cloud: Annotated[bool, typer.Option("--no-cloud", help="On-prem only: no local cloud, "
+                                                              "the default classes.")] = False,
 ) -> None:
     """Run a small mixed workload on a local cluster, live, then shut down.
 
     Starts Redis, a scheduler and a worker, submits jobs of several classes and sizes (one
-    fails on purpose, one is cancelled while running), shows a live table and a summary.
+    fails on purpose, one is cancelled while running), shows a live table and a summary. By
+    default a local cloud rents machines (worker processes here) when on-prem is full and a
+    high job's SLA would break, and gives them back once idle; --no-cloud runs on-prem only.
     """
     from broker.client import Client
     from broker.embedded import LocalCluster
@@ -240,12 +312,15 @@ def demo(
     for key, value in DEMO_TIMINGS.items():
         os.environ.setdefault(key, value)
     s = settings(ctx)
+    cloud = not no_cloud
     configured = s.redis_url or s.config.redis_url
     tmp = tempfile.TemporaryDirectory(prefix="spillway-demo-")
+    config_path = str(s.config_path) if s.config_path else None
+    if cloud:
+        config_path = str(demo_cloud.write_config(Path(tmp.name), config_path))
     cluster = LocalCluster(Path(tmp.name), redis_url=configured, gpus=gpus, cpus=64,
-                           node_id=f"demo-{uuid.uuid4().hex[:6]}",
-                           config_path=str(s.config_path) if s.config_path else None,
-                           stop_timeout=s.config.grace_s + 10)
+                           node_id=f"demo-{uuid.uuid4().hex[:6]}", config_path=config_path,
+                           stop_timeout=s.config.grace_s + 10, cloud="local" if cloud else None)
     install_stop_handlers()
     code = 0
     client = None
@@ -254,36 +329,20 @@ def demo(
             cluster.start()
         kind = "embedded, stops with the demo" if cluster.embedded else "configured"
         out.print(f"Redis {cluster.url} ({kind}); worker {cluster.node_id} with {gpus}")
-        client = Client(cluster.url, s.config)
-        plan = workload(jobs)
-        submitted = client.submit_many([
-            {"command": p.command(), "name": p.name, "team": p.team, "priority": p.priority,
-             "gpus": p.gpus, "cpus": 1} for p in plan])
-        board = Board(client, plan, submitted, cluster.node_id, gpus)
-        deadline = time.monotonic() + timeout
-        with Live(board.render(out.width), console=out, refresh_per_second=4) as live:
-            while not board.done and time.monotonic() < deadline:
-                board.poll()
-                live.update(board.render(out.width))
-                time.sleep(0.25)
-            board.poll()
-            live.update(board.render(out.width))
-        table, wrong = summary(board)
-        out.print()
-        out.print(table)
-        if not board.done:
-            left = [j.id for j in board.jobs.values() if j.state not in TERMINAL]
-            err.print(f"[red]error:[/] {len(left)} job(s) still not finished after "
-                      f"{timeout:g}s: {', '.join(left)}; logs in {cluster.log_dir}")
-            code = EXIT_FAIL
-        elif wrong:
-            err.print("[red]unexpected outcomes:[/] " + escape("; ".join(wrong)))
-            code = EXIT_FAIL
-        else:
-            out.print("[green]every job ended as planned[/] (one failed and one was "
-                      "cancelled on purpose)")
+        config = s.config
+        if cloud:
+            from broker.config import load_config
+
+            config = load_config(config_path, env={})
+            out.print(escape(demo_cloud.intro()))
+        client = Client(cluster.url, config)
+        board = Board(client, cluster.node_id, gpus, cloud=cloud)
+        code = _run(board, workload(jobs, cloud), _gpu_count(gpus), timeout, cluster)
         if board.done:
-            for note in closing_notes(list(board.jobs.values()), s.config):
+            notes = closing_notes(list(board.jobs.values()), config, backfill=not cloud)
+            if board.machines is not None:
+                notes[-1:-1] = demo_cloud.notes(board.machines, list(board.jobs.values()))
+            for note in notes:
                 out.print()
                 out.print(escape(note))
     except (KeyboardInterrupt, _Stop):
@@ -300,3 +359,48 @@ def demo(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         tmp.cleanup()
     raise typer.Exit(code)
+
+
+def _run(board: Board, plan: list[DemoJob], onprem_gpus: int, timeout: float,
+         cluster: Any) -> int:
+    """Submit the plan (the second wave once on-prem is full), show it live until every job
+    has ended and every rented machine is given back, then the summary; the exit code."""
+    board.submit([p for p in plan if p.wave == 1])
+    later = [p for p in plan if p.wave != 1]
+    deadline = time.monotonic() + timeout
+    with Live(board.render(out.width), console=out, refresh_per_second=4) as live:
+        while not (board.settled and not later) and time.monotonic() < deadline:
+            board.poll()
+            if later and board.onprem_full(onprem_gpus):
+                board.submit(later)
+                later = []
+            live.update(board.render(out.width))
+            time.sleep(0.25)
+        board.poll()
+        live.update(board.render(out.width))
+    left = demo_cloud.machines_left(cluster)
+    table, wrong = summary(board, left)
+    out.print()
+    out.print(table)
+    if not board.settled or later:
+        left_jobs = [j.id for j in board.jobs.values() if j.state not in TERMINAL]
+        what = f"{len(left_jobs)} job(s) still not finished ({', '.join(left_jobs)})" \
+            if left_jobs or later else "cloud machines still not given back"
+        err.print(f"[red]error:[/] {what} after {timeout:g}s; logs in {cluster.log_dir}")
+        return EXIT_FAIL
+    if wrong:
+        err.print("[red]unexpected outcomes:[/] " + escape("; ".join(wrong)))
+        return EXIT_FAIL
+    out.print("[green]every job ended as planned[/] (one failed and one was cancelled on "
+              "purpose)")
+    if board.machines is not None:
+        c = board.machines.counts()
+        out.print(f"cloud: {c['launched']} machine(s) rented and {c['released']} given back "
+                  f"when idle; {left} left running")
+    return 0
+
+
+def _gpu_count(inventory: str) -> int:
+    from broker.gpus import parse_inventory
+
+    return sum(e.count for e in parse_inventory(inventory))

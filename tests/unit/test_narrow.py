@@ -123,11 +123,21 @@ def test_demo_board_keeps_its_ids_at_80_columns() -> None:
     from rich.console import Console
 
     from broker.cli.demo import WORKLOAD, Board
+    from broker.model import Instance, InstanceState, StateChange
     from tests.builders import job
 
     jobs = [job(f"j-{i:012x}", d.gpus, priority=d.priority, name=d.name, submitted=time.time())
             for i, d in enumerate(WORKLOAD)]
-    board = Board(None, list(WORKLOAD), jobs, "demo-node", "8xA100-80GB")
+    board = Board(None, "demo-node", "8xA100-80GB", cloud=True)
+    for j, d in zip(jobs, WORKLOAD):
+        board.plan[j.id], board.jobs[j.id], board.cursor[j.id] = d, j, "0"
+    assert board.machines is not None
+    board.machines.update([Instance(
+        "burst-0123456789abcdef", "local:home:home-a:ondemand/local-4xa100-80gb",
+        InstanceState.DRAINING, "local-burst-0123456789abcdef", "local-burst-0123456789abcdef",
+        time.time() - 9, price_per_hour=12.0, for_jobs=(jobs[1].id, jobs[4].id),
+        history=(StateChange(InstanceState.DRAINING, time.time(), "idle for 3s "
+                                                                  "(idle_timeout_s 3)"),))])
     for j in jobs[:3]:
         board.last_line[j.id] = "epoch 3/10 loss 0.4213 lr 3e-4 throughput 1234 samples/s"
     console = Console(width=80, record=True, highlight=False)
@@ -137,6 +147,7 @@ def test_demo_board_keeps_its_ids_at_80_columns() -> None:
     assert "ID" in text.splitlines()[2], text
     for j in jobs:
         assert j.id in text, text
+    assert "cloud-1" in text and "DRAINING" in text, text
 
 
 def test_piped_nodes_are_one_line_each(url: str) -> None:
