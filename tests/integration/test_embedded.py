@@ -1,8 +1,9 @@
 """``spillway demo`` and ``spillway up`` as a user runs them: real processes, an embedded Redis,
-and nothing left running afterwards."""
+a local cloud whose machines are processes, and nothing left running afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -54,16 +55,53 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def environs(text: str) -> dict[int, str]:
+    """pid -> environment (NUL-separated) of the live processes whose environment mentions
+    ``text`` (the demo's Redis URL reaches every process it starts: the scheduler, the
+    worker, each local cloud machine and its jobs)."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in env and state != "Z":
+            found[int(pid)] = env
+    return found
+
+
+def processes_with_env(text: str) -> list[str]:
+    found = []
+    for pid in environs(text):
+        with contextlib.suppress(OSError):  # (gone meanwhile)
+            found.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes()!r}")
+    return found
+
+
 def assert_all_gone(port: int, url: str) -> None:
+    def left() -> list[str]:
+        return processes_mentioning(url) + processes_with_env(url)
+
     deadline = time.monotonic() + 10
-    while (port_open(port) or processes_mentioning(url)) and time.monotonic() < deadline:
+    while (port_open(port) or left()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not port_open(port), f"the embedded Redis on port {port} is still running"
-    assert not processes_mentioning(url), processes_mentioning(url)
+    assert not left(), left()
+
+
+def summary_value(stdout: str, key: str) -> str:
+    """The value of one line of the demo's summary (``key   value``)."""
+    m = re.search(rf"^\s*{re.escape(key)}\s+(\S+)", stdout, re.MULTILINE)
+    assert m, f"no '{key}' line in the summary:\n{stdout}"
+    return m.group(1)
 
 
 def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--jobs", "6"],
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--jobs", "6",
+                           "--no-cloud"],
                           env=clean_env(tmp_path), capture_output=True, text=True, timeout=150,
                           stdin=subprocess.DEVNULL)
     output = proc.stdout + proc.stderr
@@ -71,16 +109,85 @@ def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
     assert "every job ended as planned" in proc.stdout
     for state in ("SUCCEEDED", "FAILED", "CANCELLED"):
         assert state in proc.stdout
-    # The live table's rows: ID NAME TEAM CLASS GPUS STATE WAITED RAN DEVICES LAST-OUTPUT,
-    # DEVICES being CUDA_VISIBLE_DEVICES as each job printed it: exactly its GPU count.
+    # The live table's rows: ID NAME TEAM CLASS GPUS STATE WAITED RAN SITE DEVICES
+    # LAST-OUTPUT, DEVICES being CUDA_VISIBLE_DEVICES as each job printed it: exactly its GPU
+    # count.
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("j-")]
     assert len(rows) == 6, proc.stdout
     for row in rows:
-        assert len(row[8].split(",")) == int(row[4]), row
+        assert row[8] == "onprem", row
+        assert len(row[9].split(",")) == int(row[4]), row
+    assert "cloud machines" not in proc.stdout
     assert "Traceback" not in output
     m = URL_RE.search(output)
     assert m, output
     assert_all_gone(int(m.group(1)), m.group(0))
+
+
+@pytest.mark.slow
+def test_demo_bursts_to_the_local_cloud_and_gives_every_machine_back(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo"],
+                          env=clean_env(tmp_path), capture_output=True, text=True, timeout=150,
+                          stdin=subprocess.DEVNULL)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "every job ended as planned" in proc.stdout
+    assert "Demo classes" in proc.stdout  # it says its classes are the demo's
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("j-")]
+    assert len(rows) == 12, proc.stdout
+    on_cloud = [r for r in rows if re.fullmatch(r"cloud-\d+", r[8])]
+    assert on_cloud, proc.stdout  # at least one job ran on a rented machine
+    assert any(r[3] == "high" for r in on_cloud), proc.stdout  # one it was rented for
+    for row in rows:
+        assert row[8] in ("onprem", "-") or row in on_cloud, row
+        if row[9] != "-":
+            assert len(row[9].split(",")) == int(row[4]), row
+    launched = int(summary_value(proc.stdout, "cloud machines launched"))
+    assert launched >= 1, proc.stdout
+    assert int(summary_value(proc.stdout, "cloud machines released")) == launched
+    assert summary_value(proc.stdout, "cloud machines left running") == "0"
+    assert int(summary_value(proc.stdout, "jobs run on cloud machines")) == len(on_cloud)
+    assert float(summary_value(proc.stdout, "cloud cost").lstrip("$")) > 0
+    machines = [line.split() for line in proc.stdout.splitlines()
+                if re.match(r"cloud-\d+\s", line)]
+    assert len(machines) == launched and all(m[1] == "TERMINATED" for m in machines), \
+        proc.stdout
+    assert "Traceback" not in output
+    m = URL_RE.search(output)
+    assert m, output
+    assert_all_gone(int(m.group(1)), m.group(0))
+
+
+@pytest.mark.slow
+def test_demo_interrupted_mid_burst_leaves_nothing_running(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "demo"],
+                            env=clean_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:  # the first line names the embedded Redis
+            m = URL_RE.search(line)
+            if m:
+                url = m.group(0)
+                break
+        assert url, "the demo never printed its Redis URL"
+        deadline = time.monotonic() + 90
+        # wait for a rented machine: a process tagged by the local provider with this URL
+        while not any("SPILLWAY_LOCAL_MACHINE=" in env for env in environs(url).values()):
+            assert time.monotonic() < deadline, "no cloud machine was started"
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=90)[0]
+        assert proc.returncode == 130, rest
+        assert "interrupted; shutting down" in rest
+        assert "Traceback" not in rest
+        assert_all_gone(int(url.rsplit(":", 1)[1].split("/")[0]), url)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
