@@ -18,7 +18,9 @@ table (broker/model/cloud.py):
   only) -> its node resumes, READY;
 - READY or DRAINING whose node's lease expired -> terminate, TERMINATED (its jobs were
   requeued when the lease expired);
-- a live record whose machine the provider no longer lists -> TERMINATED;
+- a live record whose machine the provider no longer lists -> TERMINATED, unless the record
+  moved at or after ``now`` (when the listing began: a launch in another thread may have
+  started the machine after the provider was listed), which waits for the next pass;
 - a listed machine tagged with this cluster whose request id is unknown to the store, or
   whose record has ended -> terminate (an orphan).
 
@@ -134,6 +136,8 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
                          resend=True, count="resent")]
         return []
     if machine is None or machine.state in GONE:
+        if rec.history and rec.history[-1].time >= now:
+            return []  # moved since the listing began (launched meanwhile): judged next pass
         what = "no longer lists it" if machine is None else \
             f"lists it {machine.native_state or machine.state.value}"
         return [Step(p, rid, I.TERMINATED, f"vanished: the provider {what}",

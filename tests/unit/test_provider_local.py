@@ -372,6 +372,38 @@ def test_the_lifecycle_sends_a_lost_launch_again_once_a_minute(tmp_path: Path) -
     assert p.reconcile()["resent"] == 1
 
 
+def test_a_machine_launched_while_the_lifecycle_lists_is_kept(tmp_path: Path) -> None:
+    """The provision queue's consumer launches in its own thread: a launch that ends after a
+    lifecycle pass has listed the provider, but before it reads the records, must not be
+    judged vanished (and its machine then reaped as an orphan, and the job launched for
+    again): seen in `spillway demo` as a machine TERMINATED at age 0."""
+    cfg = Config(providers=parse_providers({"local": {}}), cluster_name="unit")
+    clock = {"now": 1000.0}
+
+    class LaunchDuringListing(Faulty):
+        def instances(self) -> dict[str, CloudMachine]:
+            listed = self.inner.instances()  # the listing, then the other thread's launch
+            if not self.launches:
+                clock["now"] += 0.2
+                assert p.launch_one("r1") is not None
+            return listed
+
+    faulty = LaunchDuringListing(local(tmp_path))
+    p = Provisioner(Runtime(cfg, "memory://"), {"local": faulty}, clock=lambda: clock["now"])
+    try:
+        requested(p, "r1", faulty.inner.offer.id)
+        done = p.reconcile()
+        rec = p.rt.store.instance("r1")
+        assert rec is not None and rec.state is S.BOOTING, (done, rec)
+        clock["now"] += 0.5
+        done = p.reconcile()  # now listed: no orphan, still booting
+        assert not done["orphans"] and not done["vanished"], done
+        assert p.rt.store.instance("r1").state is S.BOOTING  # type: ignore[union-attr]
+        assert faulty.launches == 1 and list(faulty.inner.instances()) == ["local-r1"]
+    finally:
+        faulty.inner.terminate(list(faulty.inner.instances()))
+
+
 def test_demand_is_a_pending_job_that_fits_the_node_and_allows_its_site(
         prov: tuple[Provisioner, Faulty]) -> None:
     from broker.model import Gpu, JobSpec, Node
