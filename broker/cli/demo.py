@@ -352,7 +352,10 @@ def demo(
     except (KeyboardInterrupt, _Stop):
         err.print("interrupted; shutting down")
         code = 130
-    finally:
+    finally:  # another Ctrl-C or SIGTERM must not cut the cleanup short: cloud machines
+        # are sessions of their own and outlive the demo unless stop() gives them back (and
+        # Ctrl-C stays ignored until the demo has exited: it is ending anyway)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if code not in (0, 130):  # the logs go with the temporary directory: show their ends
             for child in cluster.children:
