@@ -152,6 +152,11 @@ def test_demo_bursts_to_the_local_cloud_and_gives_every_machine_back(tmp_path: P
                 if re.match(r"cloud-\d+\s", line)]
     assert len(machines) == launched and all(m[1] == "TERMINATED" for m in machines), \
         proc.stdout
+    # MACHINE STATE UP COST INSTANCE FOR LAST-MOVE: each given back once idle (none vanished
+    # or reaped as an orphan), and no job rented two machines
+    assert all(" ".join(m[6:]) == "released: drained and idle" for m in machines), proc.stdout
+    rented_for = [job for m in machines for job in m[5].split(",")]
+    assert len(rented_for) == len(set(rented_for)), proc.stdout
     assert "Traceback" not in output
     m = URL_RE.search(output)
     assert m, output
