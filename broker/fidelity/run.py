@@ -141,6 +141,13 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
     at_once = {i for i, r in ideal.records.items() if r.first_start_s == r.submit_s}
     lat = measure(res, checkpoint_s, Config().cycle_s, at_once)
     model = _sim(sc, st, policy, lat, checkpoint_s)
+    return _compare(res, model, ideal, lat, cluster, trace, policy, k, meta)
+
+
+def _compare(res: RealResult, model: LatencySimulation, ideal: LatencySimulation,
+             lat: Latencies, cluster: Cluster, trace: Trace, policy: str, k: float,
+             meta: dict[str, Any]) -> tuple[dict[str, Any], list[SimResult]]:
+    """The three worlds cut at the real run's end, their metrics and differences."""
     horizon = (res.stopped_at - res.t0) * k
     sla = {c.name: c.sla_s for c in cluster.classes}
     real_w = world(res.jobs, trace.jobs, sla, res.t0, k, horizon)
@@ -163,7 +170,7 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
             "submit_lag_s": {"p50": round(_median(lags), 4),
                              "max": round(lags[-1], 4) if lags else None}}
     return {
-        "policy": policy, "jobs": len(st.jobs), "agents": len(cluster.nodes),
+        "policy": policy, "jobs": len(trace.jobs), "agents": len(cluster.nodes),
         "time_scale": k, "horizon_s": round(horizon, 1), "real_all_started": res.all_started,
         "real": m_real, "sim": m_sim, "diff": relative_diff(m_real, m_sim),
         "sim_ideal": m_ideal, "diff_ideal": relative_diff(m_real, m_ideal),
