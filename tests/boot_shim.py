@@ -89,7 +89,7 @@ class BootShim:
             for m in self.machines.values():
                 if m.stop_at is not None and not m.killed and m.proc.poll() is None \
                         and now - m.stop_at > self.grace_s:
-                    _signal_group(m.proc, signal.SIGKILL)
+                    signal_group(m.proc, signal.SIGKILL)
                     m.killed = True
 
     def _sync(self, ec2: Any, inst: Mapping[str, Any]) -> None:
@@ -102,7 +102,7 @@ class BootShim:
                 and state in ("shutting-down", "terminated", "stopping", "stopped"):
             known.stop_at = time.monotonic()
             self.shut_down += 1
-            _signal_group(known.proc, signal.SIGTERM)
+            signal_group(known.proc, signal.SIGTERM)
 
     def _boot(self, ec2: Any, inst: Mapping[str, Any]) -> None:
         iid = inst["InstanceId"]
@@ -133,16 +133,8 @@ class BootShim:
             self._thread.join(10)
         with self._lock:
             machines = list(self.machines.values())
+        stop_groups([m.proc for m in machines], self.grace_s)
         for m in machines:
-            if m.proc.poll() is None:
-                _signal_group(m.proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for m in machines:
-            try:
-                m.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(m.proc, signal.SIGKILL)
-                m.proc.wait()
             m.meta.stop()
 
     def running(self) -> list[str]:
@@ -150,9 +142,23 @@ class BootShim:
             return [i for i, m in self.machines.items() if m.proc.poll() is None]
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def stop_groups(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM every running process group, SIGKILL those still there after ``grace_s``."""
+    for proc in procs:
+        if proc.poll() is None:
+            signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait()
 
 
 @contextlib.contextmanager

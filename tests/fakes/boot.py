@@ -20,12 +20,12 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.boot_shim import signal_group, stop_groups
 from tests.fake_metadata import MetadataServer
 from tests.fakes.gce import FakeCompute
 
@@ -78,14 +78,14 @@ class Machines:
         if m is None or m.proc.poll() is not None:
             return
         self.halted += 1
-        _signal_group(m.proc, signal.SIGTERM)
+        signal_group(m.proc, signal.SIGTERM)
         threading.Thread(target=self._reap, args=(m,), daemon=True).start()
 
     def _reap(self, m: Machine) -> None:
         try:
             m.proc.wait(timeout=self.grace_s)
         except subprocess.TimeoutExpired:
-            _signal_group(m.proc, signal.SIGKILL)
+            signal_group(m.proc, signal.SIGKILL)
             m.proc.wait()
         m.meta.stop()
 
@@ -96,25 +96,12 @@ class Machines:
     def stop(self) -> None:
         with self._lock:
             machines = list(self.machines.values())
+        stop_groups([m.proc for m in machines], self.grace_s)
         for m in machines:
-            if m.proc.poll() is None:
-                _signal_group(m.proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for m in machines:
-            try:
-                m.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(m.proc, signal.SIGKILL)
-                m.proc.wait()
             with contextlib.suppress(Exception):
                 m.meta.stop()
         for m in machines:
             print(f"----- machine {m.name} boot log tail -----\n{m.logs()[-2000:]}")
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def boot_gce(fake: FakeCompute, machines: Machines) -> None:
