@@ -52,7 +52,7 @@ class LocalProvider:
                  boot_delay_s: float = 1.0, stop_timeout_s: float = 10.0,
                  api_delay_s: float = 0.0,
                  state_dir: str = "~/.local/state/spillway/local-cloud",
-                 carbon_zone: str = "") -> None:
+                 carbon_zone: str = "", offer_extra: Any = None) -> None:
         self.name, self.cluster = name, check_label(cluster, "cluster")
         where = f"providers.{name}"
         try:
@@ -69,13 +69,18 @@ class LocalProvider:
                            ("memory_gb", memory_gb)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ProviderConfigError(f"{where}.{key}: {value!r} must be a number >= 0")
+        if offer_extra is not None and not isinstance(offer_extra, dict):
+            raise ProviderConfigError(f"{where}.offer_extra: {offer_extra!r} must be a mapping "
+                                      "(e.g. {boot_s: 180, region_quota_gpus: 64})")
         model, count = entries[0].model, sum(e.count for e in entries)
         mem = _MEM.search(model)
         self.offer = Offer(name, site.region, site.zone,
                            instance_type or f"local-{count}x{model.lower()}", model, count,
                            float(mem.group(1)) if mem else 0.0, site.market or Market.ONDEMAND,
                            float(price_per_hour), carbon_zone,
-                           extra={"gpus": gpus, "cpus": cpus, "memory_gb": memory_gb})
+                           extra={**(offer_extra or {}), "gpus": gpus, "cpus": cpus,
+                                  "memory_gb": memory_gb})  # offer_extra: what the
+        # policies read from an offer (boot_s, region_quota_gpus, ...; broker/fidelity sets it)
         self.boot_delay_s, self.stop_timeout_s = float(boot_delay_s), float(stop_timeout_s)
         self.api_delay_s = float(api_delay_s)  # a launch call returns this long after the
         # machine started, as a cloud API's does (a provisioner can die in between)
