@@ -294,7 +294,7 @@ def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClas
             raise ConfigError(f"{at}.sla_s: {sla!r} is not allowed; use seconds > 0 or a "
                               "duration such as 30m or 4h")
         flags: dict[str, bool] = {}
-        for key in ("may_preempt", "preemptible", "may_burst", "spot_allowed"):
+        for key in ("may_preempt", "preemptible", "may_burst", "spot_allowed", "flexible"):
             if key in item:
                 if not isinstance(item[key], bool):
                     raise ConfigError(f"{at}.{key}: {item[key]!r} must be true or false")

@@ -54,6 +54,8 @@ class Snapshot:
     spend: Mapping[str, float] = field(default_factory=dict)  # team -> $ spent, this window
     prices: Mapping[str, float] = field(default_factory=dict)  # offer id -> $/hour now
     carbon: Mapping[str, float] = field(default_factory=dict)  # carbon zone -> gCO2e/kWh now
+    # carbon zone -> forecast steps (unix time, gCO2e/kWh) from now: the carbon defer policy
+    carbon_forecast: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     @cached_property
     def team_by_name(self) -> dict[str, Team]:

@@ -8,6 +8,7 @@ from policies import (  # noqa: F401
     backfill,
     burst,
     burst_baselines,
+    defer,
     defrag,
     ordering,
     placement,

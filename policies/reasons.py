@@ -1,8 +1,8 @@
 """Why a job is still pending: the reasons the cycle returns (``spillway explain`` shows them).
 
 Reasons are data, not exceptions: a code (``Resources``, ``Priority``, ``Reservation``,
-``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, or an admission refusal) and a
-sentence for people.
+``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, ``DeferredForCarbon``, or an
+admission refusal) and a sentence for people.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from policies.cycle import Cycle
 
 FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
 FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlier job to start")
+#: a deferrable job waits for a cleaner window within its deadline (policies/defer.py builds
+#: the sentence: until when, and the forecast intensities)
+DEFERRED_FOR_CARBON = "DeferredForCarbon"
 
 
 def dur(seconds: float) -> str:

@@ -16,6 +16,7 @@ class PriorityClass:
     preemptible: bool = True
     may_burst: bool = True
     spot_allowed: bool = True
+    flexible: bool = False  # its jobs may wait for cleaner power within the SLA (defer)
 
 
 @dataclass(frozen=True)

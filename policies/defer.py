@@ -1,0 +1,192 @@
+"""The ``defer`` role's ``carbon`` policy: hold deferrable work for a cleaner window.
+
+Carbon-aware temporal shifting after "Let's Wait Awhile" (Wiesner et al., Middleware'21).
+
+**Deferrable work**: a job with a deadline (``JobSpec.deadline``), or any job of a class marked
+``flexible``. **Interruptible**: it has a checkpoint directory, so it may pause and resume.
+
+**The decision** (:func:`plan`), from the forecast of the grid zone the job was placed in:
+
+- the window runs from now to the job's deadline (no deadline: to the latest time it may
+  start, its submission plus its class SLA, plus its predicted runtime);
+- it must start no later than its deadline minus its predicted runtime, and no later than its
+  submission plus its class SLA (never past either);
+- a job that cannot stop runs in the consecutive stretch with the lowest forecast emissions;
+  an interruptible one in the cleanest slots of the window, pausing through the dirty peaks
+  between them (:mod:`policies.carbon_window`);
+- if that stretch (or its first slot) is not now, and it saves at least ``min_saving`` of the
+  forecast emissions of running now, the job waits: the cycle drops its start, its reason is
+  ``DeferredForCarbon`` with the time it will start, and the cycle's ``wake_at`` is that time.
+
+A job whose deadline cannot be met even now, whose zone has no forecast, or that is neither
+deadline-bound nor flexible, starts as the earlier phases decided. The decision is the same on
+every cycle while the forecast is the same (a later cycle sees the rest of the same window, and
+the best rest of a best plan is the same plan), so it never flip-flops.
+
+Settings (``policy_settings: {carbon: {...}}``): ``step_s`` the slot length (1800: the
+half-hour steps of the grids' data), ``min_saving`` the share of forecast emissions a wait must
+save (0: any saving).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+
+from broker.model import Job, Reason
+from broker.plan import Snapshot
+from policies import reasons
+from policies.carbon_window import (
+    Steps,
+    cleanest_slots,
+    cleanest_start,
+    runs_of,
+    slot_means,
+    slots_for,
+)
+from policies.cycle import Cycle
+from policies.registry import register
+
+CODE = reasons.DEFERRED_FOR_CARBON
+CARBON_DEFAULTS = {"step_s": 1800.0, "min_saving": 0.0}
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """What :func:`plan` decided for one job.
+
+    ``runs``: the planned run intervals ``(start, end)`` in seconds, in order (one for a job
+    that cannot stop); ``start_at`` the first one's start; ``planned_g`` the forecast's mean
+    intensity over them and ``now_g`` over the same work run from now (gCO2e/kWh)."""
+
+    runs: tuple[tuple[float, float], ...]
+    planned_g: float
+    now_g: float
+    now: float
+
+    @property
+    def start_at(self) -> float:
+        return self.runs[0][0]
+
+    @property
+    def waits(self) -> bool:
+        return self.start_at > self.now
+
+    @property
+    def saving(self) -> float:
+        """The share of forecast emissions the plan saves against running now."""
+        return 1.0 - self.planned_g / self.now_g if self.now_g > 0 else 0.0
+
+
+def plan(forecast: Steps, now: float, work_s: float, latest_end: float, start_by: float,
+         interruptible: bool, step: float = 1800.0) -> Deferral | None:
+    """The cleanest way to run ``work_s`` seconds of work from ``now``, ending by
+    ``latest_end`` and starting by ``start_by``; None when there is no choice (the work does
+    not fit in the window, or it must start now)."""
+    if not (math.isfinite(work_s) and work_s > 0 and step > 0):
+        return None
+    slots = math.floor((latest_end - now) / step + 1e-9)
+    k = slots_for(work_s, step)
+    last_start = min(slots - k, math.floor((start_by - now) / step + 1e-9))
+    if slots < k or last_start < 0:
+        return None  # it cannot finish in time even now: run as soon as possible
+    if not interruptible:
+        slots = last_start + k  # (no need to look further than its last start allows)
+    means = slot_means(forecast, now, slots, step)
+    now_g = math.fsum(means[:k]) / k
+    if interruptible:
+        chosen = cleanest_slots(means, k, last_start)
+        total = math.fsum(means[s] for s in chosen)
+        runs = runs_of(chosen)
+    else:
+        first, total = cleanest_start(means, k, last_start)
+        runs = [(first, first + k)]
+    return Deferral(tuple((now + a * step, now + b * step) for a, b in runs), total / k, now_g,
+                    now)
+
+
+def deferrable(snap: Snapshot, job: Job) -> bool:
+    """A job with a deadline, or in a class marked flexible."""
+    if job.spec.deadline is not None:
+        return True
+    cls = snap.class_by_name.get(job.priority)
+    return cls is not None and cls.flexible
+
+
+def window(snap: Snapshot, job: Job, now: float, work_s: float) -> tuple[float, float]:
+    """(latest end, latest start) of a deferrable job: its deadline, its class SLA."""
+    cls = snap.class_by_name.get(job.priority)
+    sla_start = job.submitted_at + cls.sla_s if cls is not None else now
+    deadline = job.spec.deadline
+    if deadline is None:
+        return sla_start + work_s, sla_start
+    return deadline, min(sla_start, deadline - work_s)
+
+
+def zone_of(snap: Snapshot, node_id: str) -> str:
+    """The carbon zone of the site a node belongs to ("" when the site has none)."""
+    node = snap.node_by_id.get(node_id)
+    if node is None:
+        return ""
+    for site in snap.sites:
+        if str(site) == node.site:
+            return site.carbon_zone
+    return ""
+
+
+def _when(t: float, now: float) -> str:
+    stamp = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    hours = (t - now) / 3600
+    return f"{stamp} (in {hours:.1f}h)"
+
+
+def reason(d: Deferral, zone: str, deadline: float | None) -> Reason:
+    """``DeferredForCarbon``, until when, and what it saves."""
+    paused = f", in {len(d.runs)} parts" if len(d.runs) > 1 else ""
+    bound = f"; deadline {_when(deadline, d.now)}" if deadline is not None else ""
+    return Reason(CODE, f"waiting for cleaner power in {zone} until {_when(d.start_at, d.now)}"
+                        f"{paused}: forecast {d.planned_g:.0f} gCO2e/kWh over its run against "
+                        f"{d.now_g:.0f} now ({100 * d.saving:.1f}% less){bound}")
+
+
+def decide(cycle: Cycle, job: Job, node_id: str) -> tuple[Deferral, str] | None:
+    """The deferral of a job the cycle placed on ``node_id``, or None to let it start."""
+    snap = cycle.snap
+    if not deferrable(snap, job):
+        return None
+    zone = zone_of(snap, node_id)
+    forecast = snap.carbon_forecast.get(zone) if zone else None
+    if not forecast:
+        return None
+    settings = cycle.settings("carbon")
+    step = max(60.0, float(settings["step_s"]))
+    work = cycle.estimate(job)
+    latest_end, start_by = window(snap, job, cycle.now, work)
+    d = plan(forecast, cycle.now, work, latest_end, start_by,
+             interruptible=bool(job.spec.checkpoint_dir), step=step)
+    if d is None or not d.waits or d.saving < float(settings["min_saving"]):
+        return None
+    return d, zone
+
+
+@register("defer", "carbon", settings=CARBON_DEFAULTS)
+def carbon_defer(cycle: Cycle) -> None:
+    """Drop the starts of deferrable jobs that a cleaner window within their deadline awaits;
+    they stay pending with ``DeferredForCarbon`` and the cycle wakes when the first is due."""
+    if not cycle.snap.carbon_forecast or not cycle.starts:
+        return
+    by_id = {job.id: job for job, _ in cycle.started}
+    keep = []
+    for start, started in zip(cycle.starts, cycle.started):
+        job = by_id[start.job_id]
+        found = decide(cycle, job, start.allocations[0].node_id) if start.allocations else None
+        if found is None:
+            keep.append((start, started))
+            continue
+        d, zone = found
+        cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
+        cycle.wake_at = d.start_at if cycle.wake_at is None else min(cycle.wake_at, d.start_at)
+    if len(keep) != len(cycle.starts):
+        cycle.starts[:] = [s for s, _ in keep]
+        cycle.started[:] = [j for _, j in keep]
