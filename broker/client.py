@@ -15,6 +15,7 @@ nothing is stored.
 from __future__ import annotations
 
 import builtins
+import copy
 import os
 import time
 from collections import Counter
@@ -143,11 +144,14 @@ class NodeView:
 
 
 def resolve_url(redis_url: str | None, config: Config) -> str:
-    url = redis_url or os.environ.get("SPILLWAY_REDIS_URL") or config.redis_url
+    """The cluster's URL: a Redis URL, or an API server's ``https://`` one (SPILLWAY_URL)."""
+    url = (redis_url or os.environ.get("SPILLWAY_URL") or os.environ.get("SPILLWAY_REDIS_URL")
+           or config.redis_url)
     if not url:
         raise ConfigError(
             "no Redis URL: pass redis_url / --redis-url, set SPILLWAY_REDIS_URL, set redis_url "
-            "in the config file, or start a local cluster with `spillway up`"
+            "in the config file, or start a local cluster with `spillway up` (or set "
+            "SPILLWAY_URL=https://... and SPILLWAY_TOKEN for an API server)"
         )
     return url
 
@@ -173,49 +177,88 @@ def parse_states(state: StateFilter) -> set[JobState] | None:
     return out or None
 
 
-def _in_submit_dir(spec: JobSpec) -> JobSpec:
-    """The spec with its workdir made absolute against the directory it is submitted from, as
-    Slurm does: no workdir is the submit directory itself. (The agent runs the job there where
-    that directory exists on its node, and in a directory of the job's own otherwise.)"""
-    workdir = spec.workdir
+def submit_workdir(workdir: str | None) -> str | None:
+    """A workdir made absolute against the directory it is submitted from, as Slurm does: no
+    workdir is the submit directory itself. (The agent runs the job there where that directory
+    exists on its node, and in a directory of the job's own otherwise.)"""
     if workdir and (os.path.isabs(workdir) or workdir.startswith("~")):
-        return spec
+        return workdir
     try:
         here = os.getcwd()
     except OSError:  # the submit directory was removed: the agent picks one
-        return spec
-    return spec.model_copy(update={"workdir": os.path.normpath(os.path.join(here, workdir or ""))
-                                   if workdir else here})
+        return workdir
+    return os.path.normpath(os.path.join(here, workdir)) if workdir else here
+
+
+def _in_submit_dir(spec: JobSpec) -> JobSpec:
+    workdir = submit_workdir(spec.workdir)
+    return spec if workdir == spec.workdir else spec.model_copy(update={"workdir": workdir})
+
+
+def merged(spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]
+           ) -> dict[str, Any]:
+    """A spec (JobSpec, mapping or None) and keyword fields as one mapping of fields."""
+    if isinstance(spec, JobSpec):
+        return {**spec.model_dump(exclude_unset=True), **fields}
+    if spec is None:
+        return dict(fields)
+    if isinstance(spec, Mapping):
+        return {**spec, **fields}
+    raise SpecError([FieldError("spec", f"expected a JobSpec or a mapping, got "
+                                        f"{type(spec).__name__}")])
 
 
 class Client:
-    """A connection to one Spillway cluster (its Redis)."""
+    """A connection to one Spillway cluster: its Redis (``redis://``), or an API server
+    (``https://``, with a token: broker/api/remote.py carries the calls)."""
 
     def __init__(self, redis_url: str | None = None, config: Config | None = None) -> None:
         self.config = config or load_config()
         self.redis_url = resolve_url(redis_url, self.config)
         self._rt = Runtime(self.config, self.redis_url)
+        self.actor: str | None = None  # who acts, for the job history (set by acting_as)
+        self._remote: Any = None
+        if self.redis_url.startswith(("http://", "https://")):
+            from broker.api.remote import Remote
+
+            self._remote = Remote(self.redis_url, self.config)
+
+    def acting_as(self, actor: str) -> Client:
+        """This client (same connections) acting for ``actor``, who is named in the history
+        of what it submits, cancels and drains; submitted workdirs are taken as given (an API
+        server's directory is not its caller's)."""
+        other = copy.copy(self)
+        other.actor = actor
+        return other
+
+    def _direct(self) -> Runtime:
+        if self._remote is not None:
+            raise ConfigError(f"{self.redis_url} is an API server: this needs a redis:// URL "
+                              "(operators' direct access to the store)")
+        return self._rt
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     @property
     def store(self) -> BaseStore:
         """The cluster's store; an unreachable Redis raises StoreUnreachable."""
-        return guarded(self._rt.store, self.redis_url)
+        return guarded(self._direct().store, self.redis_url)
 
     @property
     def store_redis(self) -> redis.Redis:
         """A plain Redis client on the cluster's database (for tools and benchmarks); an
         unreachable Redis raises StoreUnreachable."""
-        return guarded(self._rt.redis, self.redis_url)
+        return guarded(self._direct().redis, self.redis_url)
 
     @property
     def celery(self) -> Celery:
         """The Celery app, configured for this cluster."""
-        return self._rt.celery
+        return self._direct().celery
 
     def close(self) -> None:
         """Close this client's Redis connections (safe to call twice)."""
+        if self._remote is not None:
+            self._remote.close()
         made = self._rt.__dict__
         if "store" in made:
             close = getattr(made.pop("store"), "close", None)
@@ -244,22 +287,14 @@ class Client:
     # -- jobs ------------------------------------------------------------------------------------
 
     def _spec(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> JobSpec:
-        return _in_submit_dir(self._parsed(spec, fields))
+        parsed = self._parsed(spec, fields)
+        return parsed if self.actor is not None else _in_submit_dir(parsed)
 
     def _parsed(self, spec: JobSpec | Mapping[str, Any] | None, fields: Mapping[str, Any]
                 ) -> JobSpec:
         if isinstance(spec, JobSpec) and not fields:
             return spec.checked(self.config)
-        if isinstance(spec, JobSpec):
-            data = {**spec.model_dump(exclude_unset=True), **fields}
-        elif spec is None:
-            data = dict(fields)
-        elif isinstance(spec, Mapping):
-            data = {**spec, **fields}
-        else:
-            raise SpecError([FieldError("spec", f"expected a JobSpec or a mapping, got "
-                                                f"{type(spec).__name__}")])
-        return JobSpec.parse(data, self.config)
+        return JobSpec.parse(merged(spec, fields), self.config)
 
     def _feasible(self, specs: builtins.list[JobSpec], hold: bool | None,
                   prefix: bool = False) -> None:
@@ -284,15 +319,19 @@ class Client:
                hold_if_infeasible: bool | None = None, **fields: Any) -> Job:
         """Validate and queue one job; returns it PENDING. SpecError stores nothing, also when
         no registered node could ever hold the job (unless ``hold_if_infeasible``)."""
+        if self._remote is not None:
+            return self._remote.submit(merged(spec, fields), hold_if_infeasible)
         checked = self._spec(spec, fields)
         self._feasible([checked], hold_if_infeasible)
-        job = self.store.submit(checked, now=time.time())
+        job = self.store.submit(checked, now=time.time(), reason=self._by("Submitted"))
         self._trigger()
         return job
 
     def submit_many(self, specs: Iterable[JobSpec | Mapping[str, Any]], *,
                     hold_if_infeasible: bool | None = None) -> builtins.list[Job]:
         """Validate every spec, then queue them all in one write, or none of them."""
+        if self._remote is not None:
+            return self._remote.submit_many([merged(s, {}) for s in specs], hold_if_infeasible)
         checked: builtins.list[JobSpec] = []
         problems: builtins.list[FieldError] = []
         for i, spec in enumerate(specs):
@@ -306,13 +345,18 @@ class Client:
         if not checked:
             return []
         self._feasible(checked, hold_if_infeasible, prefix=True)
-        jobs = self.store.submit_many(checked, now=time.time())
+        jobs = self.store.submit_many(checked, now=time.time(), reason=self._by("Submitted"))
         self._trigger()
         return jobs
 
     def get(self, job_id: str) -> Job:
         """The job's current record; JobNotFound if there is none."""
+        if self._remote is not None:
+            return self._remote.get(job_id)
         return self.store.get(job_id)
+
+    def _by(self, what: str) -> str:
+        return what if self.actor is None else f"{what} by {self.actor}"
 
     def list(self, state: StateFilter = None, team: str | None = None,
              priority: str | None = None, limit: int | None = None,
@@ -320,19 +364,27 @@ class Client:
         """Jobs oldest first; ``limit`` keeps the newest N, after skipping the newest ``skip``
         (pages back). Jobs finished more than ``retain_finished_s`` ago are not listed;
         :meth:`get` still reads them."""
+        if self._remote is not None:
+            return self._remote.list(parse_states(state), team, priority, limit, skip)
         return self.store.list_jobs(parse_states(state), team=team, priority=priority,
                                     limit=limit, skip=skip)
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job: a queued one ends at once, a placed one is stopped (SIGTERM, grace,
         SIGKILL). Cancelling a finished job changes nothing and returns it."""
-        job = self.store.cancel(job_id, now=time.time())
+        if self._remote is not None:
+            return self._remote.cancel(job_id)
+        job = self.store.cancel(job_id, now=time.time(),
+                                reason="Cancelled by user" if self.actor is None
+                                else self._by("Cancelled"))
         if job.state is JobState.STOPPING:
             commands.stop_jobs(self._point_celery().celery, [job], self.config.grace_s)
         return job
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.2) -> Job:
         """Block until the job is SUCCEEDED, FAILED or CANCELLED; JobTimeout otherwise."""
+        if self._remote is not None:
+            return self._remote.wait(job_id, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.get(job_id)
@@ -347,6 +399,9 @@ class Client:
              since: str = "0") -> Iterator[LogLine]:
         """An attempt's output lines (default: the current attempt). With ``follow``, keep
         reading until the job ends or moves to a later attempt, and the stream is drained."""
+        if self._remote is not None:
+            yield from self._remote.logs(job_id, attempt, follow, since)
+            return
         job = self.get(job_id)
         attempt = job.attempt if attempt is None else attempt
         cursor = since
@@ -372,6 +427,8 @@ class Client:
         """Why the job is in its state: its class and SLA, how long it waited, the scheduler's
         reason and its place in the queue (both as the last cycle recorded them in the store),
         and how it ended if it did. Reads the store only; nothing is recomputed here."""
+        if self._remote is not None:
+            return self._remote.explain(job_id)
         now = time.time()
         job = self.get(job_id)
         cls = self.config.priority(job.priority)
@@ -431,16 +488,22 @@ class Client:
 
     def drain(self, node_id: str) -> Node:
         """Take no new jobs on a node; what runs there runs to its end. NodeNotFound if none."""
-        return self.store.set_node_state(node_id, NodeState.DRAINING)
+        if self._remote is not None:
+            return self._remote.node_state(node_id, "drain")
+        return self.store.set_node_state(node_id, NodeState.DRAINING, by=self.actor or "operator")
 
     def resume(self, node_id: str) -> Node:
         """Let a drained node take jobs again, and schedule at once."""
-        node = self.store.set_node_state(node_id, NodeState.READY)
+        if self._remote is not None:
+            return self._remote.node_state(node_id, "resume")
+        node = self.store.set_node_state(node_id, NodeState.READY, by=self.actor or "operator")
         self._trigger()
         return node
 
     def nodes(self) -> builtins.list[NodeView]:
         """Every registered node with its GPUs (total and free, by kind) and running jobs."""
+        if self._remote is not None:
+            return self._remote.nodes()
         now = time.time()
         nodes = self.store.nodes()
         held = self.store.allocations([n.id for n in nodes])

@@ -189,12 +189,15 @@ class BaseStore(Leadership, ABC):
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, now: float, job_id: str | None = None) -> Job:
-        return self.submit_many([spec], now, [job_id] if job_id else None)[0]
+    def submit(self, spec: JobSpec, now: float, job_id: str | None = None,
+               reason: str = "Submitted") -> Job:
+        return self.submit_many([spec], now, [job_id] if job_id else None, reason)[0]
 
     def submit_many(self, specs: Sequence[JobSpec], now: float,
-                    job_ids: Sequence[str] | None = None) -> list[Job]:
-        """Store validated specs as PENDING jobs, all or none of them."""
+                    job_ids: Sequence[str] | None = None,
+                    reason: str = "Submitted") -> list[Job]:
+        """Store validated specs as PENDING jobs, all or none of them (``reason``: the first
+        history entry's, e.g. who submitted them)."""
         checked = [s.checked(self.config) for s in specs]  # raises before anything is written
         ids = list(job_ids) if job_ids else [new_job_id() for _ in checked]
         taken = [i for i, j in zip(ids, self._load(ids)) if j is not None]
@@ -203,7 +206,7 @@ class BaseStore(Leadership, ABC):
         # a microsecond apart, so jobs of one batch keep their list order in the queue
         jobs = [
             Job(id=i, spec=s, state=JobState.PENDING, submitted_at=now + n * 1e-6, version=1,
-                history=(HistoryEntry(JobState.PENDING, now + n * 1e-6, "Submitted", 1),))
+                history=(HistoryEntry(JobState.PENDING, now + n * 1e-6, reason, 1),))
             for n, (i, s) in enumerate(zip(ids, checked))
         ]
         statuses = self._commit([T.Change(j, 0) for j in jobs])
