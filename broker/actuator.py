@@ -13,13 +13,16 @@ is refused whole, before anything is written, rather than applied without them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from broker import commands
 from broker.config import Config
 from broker.errors import ConfigError
+from broker.ledger import reserve_plan
 from broker.model import Instance, InstanceState, StateChange
 from broker.plan import Applied, Launch, Plan
 from broker.runtime import Runtime
+from broker.store.budgets import budget_book
 from broker.store.instances import request_ids
 
 
@@ -55,6 +58,8 @@ def check_provisioning(plan: Plan, config: Config) -> None:
 
 def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     check_provisioning(plan, rt.config)  # before the store sees any of it
+    # the teams' hard caps: each launch's expected cost reserved, atomically (broker/ledger.py)
+    plan = reserve_plan(budget_book(rt.store), plan, time.time(), _team_of(rt))
     applied = rt.store.apply(plan, now=time.time())
     commands.start_jobs(rt.celery, applied.started)
     grace = {p.job_id: p.grace_s for p in plan.preemptions}
@@ -65,6 +70,13 @@ def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     for term in plan.terminations:
         commands.terminate(rt.celery, term.instance_ids, term.reason)
     return applied
+
+
+def _team_of(rt: Runtime) -> Callable[[str], str]:
+    def team(job_id: str) -> str:
+        job = rt.store.get_many([job_id])[0]
+        return job.team if job is not None else ""
+    return team
 
 
 def request_launch(rt: Runtime, launch: Launch, now: float | None = None) -> list[Instance]:

@@ -52,6 +52,7 @@ class Snapshot:
     instances: tuple[Instance, ...] = ()  # cloud machines rented, in every state
     budgets: Mapping[str, float] = field(default_factory=dict)  # team -> $ cap, this window
     spend: Mapping[str, float] = field(default_factory=dict)  # team -> $ spent, this window
+    soft_budgets: frozenset[str] = frozenset()  # teams whose cap is soft (policies/budget.py)
     prices: Mapping[str, float] = field(default_factory=dict)  # offer id -> $/hour now
     carbon: Mapping[str, float] = field(default_factory=dict)  # carbon zone -> gCO2e/kWh now
     # carbon zone -> forecast steps (unix time, gCO2e/kWh) from now: the carbon defer policy
@@ -116,6 +117,9 @@ class Launch:
     count: int
     request_id: str
     for_jobs: tuple[str, ...]
+    # (team, dollars) the budget step expects the launch to cost each team, reserved in the
+    # store before it is sent (policies/budget.py); () : no budget applies
+    budget: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ The recipe and the cycle's state only; every decision is a registered policy
     4 evict     the ordered evictors: scavenger eviction, class preemption and quota
                 reclaim, defragmentation moves, relief                (evict)
     5 burst     rent cloud capacity where the SLA would break        (burst; none today)
+    5b budget   keep those launches within the teams' caps           (budget)
     6 defer     hold deferrable work for a better window             (defer; none today)
     7 plan      a reason for every job left pending, the reservation, wake_at
 """
@@ -49,6 +50,7 @@ def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
     for evictor in state.evictors:  # 4
         state.evictions.extend(evictor.evict(state))
     state.burst(state)  # 5
+    state.budget(state)  # 5b keep its launches within the teams' caps
     state.defer(state)  # 6
     return state.plan()  # 7
 
@@ -90,6 +92,7 @@ class CycleState:
         self.reserver: Reserver = policies.resolve("reserve")
         self.evictors: tuple[Evictor, ...] = policies.resolve("evict")
         self.burst = policies.resolve("burst")
+        self.budget = policies.resolve("budget")
         self.defer = policies.resolve("defer")
         self._estimate: Callable[[Job], float] = policies.resolve("estimate")(snap)
         # what it knows

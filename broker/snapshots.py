@@ -20,6 +20,7 @@ from dataclasses import replace
 from broker.config import Config
 from broker.plan import Snapshot
 from broker.store.base import BaseStore
+from broker.store.budgets import budget_book, with_budgets
 from policies.cycle import Memory
 from policies.predictor import RuntimePredictor
 
@@ -41,4 +42,5 @@ class SnapshotBuilder:
         keys, observe = RuntimePredictor.keys, self.predictor.observe
         for team, name, gpus, limit, ran in samples:
             observe(keys(team, name, gpus, limit or None), ran)
-        return replace(snap, predictor=self.predictor)
+        # the teams' caps and what they have committed (broker/store/budgets.py)
+        return with_budgets(replace(snap, predictor=self.predictor), budget_book(self.store))

@@ -6,6 +6,7 @@ Nothing here imports Celery, Redis or a cloud SDK.
 # the built-in policies register themselves with policies.registry on import
 from policies import (  # noqa: F401
     backfill,
+    budget,
     burst,
     burst_baselines,
     defer,

@@ -1,8 +1,8 @@
 """Why a job is still pending: the reasons the cycle returns (``spillway explain`` shows them).
 
 Reasons are data, not exceptions: a code (``Resources``, ``Priority``, ``Reservation``,
-``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, ``DeferredForCarbon``, or an
-admission refusal) and a sentence for people.
+``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, ``DeferredForCarbon``,
+``BudgetExhausted``, or an admission refusal) and a sentence for people.
 """
 
 from __future__ import annotations
@@ -81,3 +81,11 @@ def blocked(cycle: Cycle, job: Job, long: bool) -> Reason:
                                    f"of {types(res)}")
     return Reason("Priority", f"waiting behind higher-ranked jobs for {res.gpus} GPU(s) of "
                               f"{types(res)}{_on_nodes(res)}")
+
+
+def budget_exhausted(team: str, cap: float, committed: float, need: float) -> Reason:
+    """A burst refused by a team's hard cap (policies/budget.py), and by how much."""
+    return Reason("BudgetExhausted",
+                  f"team {team}'s hard budget is ${cap:,.2f}: ${committed:,.2f} is spent or "
+                  f"reserved, and bursting this job is expected to cost ${need:,.2f}; over "
+                  f"the cap by ${committed + need - cap:,.2f}")

@@ -15,6 +15,8 @@ reserve      a :class:`policies.backfill.Reserver`: what the first blocked job g
 evict        a list of :class:`policies.evict.Evictor`: class preemption and quota reclaim,
              scavenger eviction, defragmentation moves, relief, in the configured order
 burst        ``fn(cycle) -> None``: rent cloud capacity (``sla``, baselines, ``none``)
+budget       ``fn(cycle) -> None``: keep the burst phase's launches within the teams' caps
+             (``caps``, ``none``; policies/budget.py)
 defer        ``fn(cycle) -> None``: hold deferrable work for a better window (``none`` today)
 estimate     ``fn(snapshot) -> Callable[[Job], float]``: a job's expected runtime
 ===========  ==========================================================================
@@ -34,7 +36,8 @@ from typing import Any, TypeVar
 
 F = TypeVar("F")
 
-ROLES = ("order", "admit", "place", "reserve", "evict", "burst", "defer", "estimate")
+ROLES = ("order", "admit", "place", "reserve", "evict", "burst", "budget", "defer",
+         "estimate")
 _REGISTRY: dict[str, dict[str, Any]] = {role: {} for role in ROLES}
 _SETTINGS: dict[str, Mapping[str, Any]] = {}  # policy name -> its settings' defaults
 
@@ -101,6 +104,7 @@ class PolicySet:
     reserve: str = "easy"
     evict: tuple[str, ...] = ("priority",)
     burst: str = "none"
+    budget: str = "caps"  # (no budget set: it changes nothing)
     defer: str = "none"
     estimate: str = "limit"
     name: str = "custom"

@@ -1,0 +1,178 @@
+"""Budgets at placement: the step after the burst phase that keeps its launches within the
+teams' caps (role ``budget``: ``caps``, or ``none``).
+
+For each launch the burst phase planned, in its order, the expected cost of the machines is
+
+    price per hour x count x (boot + the longest expected runtime of its jobs + idle tail)
+
+where a job's expected runtime is its time limit (the agent stops it there), or, without one
+or with ``basis_predicted`` 1, its predicted runtime on the offer's GPU model x
+``safety_factor``; ``idle_tail_s`` covers the idle time before an idle machine is given back.
+The cost is split among the teams of the launch's jobs by their GPUs (the ledger charges idle
+time to the teams that caused the launch, broker/ledger.py).
+
+* A team with a **hard** cap keeps its jobs in the launch only if its committed dollars
+  (spent + reserved in the cap's window, ``Snapshot.spend``, plus what this cycle already
+  kept) plus its share stay within the cap; its other jobs stay pending with
+  ``BudgetExhausted`` and by how much. A launch left with no job is dropped. The actuator then
+  reserves each kept launch's shares in the store, atomically (broker/store/budgets.py), which
+  is what holds against other schedulers.
+* A team past a **soft** cap bursts, but only ``soft_delay_s`` after its SLA broke (its bursts
+  wait behind the other teams'); meanwhile ``BudgetSoftCap``. Alerts fire from the ledger.
+* A job's ``max_price_per_hour`` stays a hard limit: a job whose share of the offer costs more
+  is dropped (the burst phase never plans one; this is the last check).
+
+Each kept launch carries its shares in ``Launch.budget``. With no budget in the snapshot the
+step changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from broker.model import Job, Offer, Reason
+from broker.plan import Launch
+from policies.burst import target_of
+from policies.cycle import Cycle
+from policies.offers import job_share_per_hour, offers_by_id, request_id, runtime_on
+from policies.reasons import budget_exhausted, dur
+from policies.registry import register
+
+CAPS_DEFAULTS: dict[str, float] = {
+    "basis_predicted": 0.0,  # 0: a job's time limit bounds its cost; 1: predicted x factor
+    "safety_factor": 1.5,  # x the predicted runtime (no time limit, or basis_predicted 1)
+    "idle_tail_s": 300.0,  # idle time before a machine is given back (the idle timeout)
+    "boot_s": 240.0,  # when the offer does not say
+    "unknown_runtime_s": 4 * 3600.0,  # no limit and no prediction
+    "soft_delay_s": 1800.0,  # a team past its soft cap bursts this long after its SLA broke
+}
+
+
+@register("budget", "none")
+def no_budget(cycle: Cycle) -> None:
+    """Launches as the burst phase planned them."""
+
+
+def job_runtime(cycle: Cycle, job: Job, offer: Offer, cfg: Mapping[str, Any]) -> float:
+    """The runtime the cap check expects of ``job`` on ``offer``."""
+    limit = job.spec.time_limit
+    if limit and not float(cfg["basis_predicted"]):
+        return float(limit)
+    run = runtime_on(cycle, job, offer.gpu_model, float(cfg["unknown_runtime_s"]))
+    if not math.isfinite(run):
+        run = float(cfg["unknown_runtime_s"])
+    return run * float(cfg["safety_factor"])
+
+
+def launch_cost(offer: Offer, count: int, runtimes: list[float],
+                cfg: Mapping[str, Any]) -> tuple[float, float]:
+    """(dollars, hours per machine) a launch is expected to cost."""
+    boot = float(offer.extra.get("boot_s", cfg["boot_s"]))
+    hours = (boot + max(runtimes, default=0.0) + float(cfg["idle_tail_s"])) / 3600.0
+    return offer.price_per_hour * count * hours, hours
+
+
+def shares(jobs: list[Job], total: float) -> dict[str, float]:
+    """Team -> its part of ``total``, by the GPUs its jobs take."""
+    gpus = {j.team: 0 for j in jobs}
+    for j in jobs:
+        gpus[j.team] += max(1, j.res.total_gpus)
+    whole = sum(gpus.values()) or 1
+    return {t: total * g / whole for t, g in gpus.items()}
+
+
+@register("budget", "caps", settings=CAPS_DEFAULTS)
+def caps(cycle: Cycle) -> None:
+    """The policy of the module docstring."""
+    snap = cycle.snap
+    if not cycle.launches or not snap.budgets:
+        return
+    cfg = cycle.settings("caps")
+    offers = offers_by_id(cycle)
+    by_id = {j.id: j for j in snap.pending}
+    committed = {t: float(snap.spend.get(t, 0.0)) for t in snap.budgets}
+    kept: list[Launch] = []
+    for launch in cycle.launches:
+        offer = offers.get(launch.offer_id)
+        jobs = [by_id[i] for i in launch.for_jobs if i in by_id]
+        if offer is None or not jobs:
+            kept.append(launch)
+            continue
+        jobs = [j for j in jobs if _within_max_price(cycle, j, offer)]
+        jobs = _fit(cycle, launch, offer, jobs, committed, cfg)
+        if not jobs:
+            continue
+        runs = [job_runtime(cycle, j, offer, cfg) for j in jobs]
+        cost, _ = launch_cost(offer, launch.count, runs, cfg)
+        part = shares(jobs, cost)
+        for t, usd in part.items():
+            if t in committed:
+                committed[t] += usd
+        ids = tuple(j.id for j in jobs)
+        rid = launch.request_id if ids == launch.for_jobs else \
+            request_id(list(ids), by_id, cycle.now)
+        kept.append(replace(launch, for_jobs=ids, request_id=rid,
+                            budget=tuple(sorted(part.items()))))
+    cycle.launches[:] = kept
+
+
+def _fit(cycle: Cycle, launch: Launch, offer: Offer, jobs: list[Job],
+         committed: dict[str, float], cfg: Mapping[str, Any]) -> list[Job]:
+    """The jobs of ``launch`` whose teams' caps allow it, after dropping, one team at a time,
+    those of a team whose hard cap it would pass (the launch is then smaller)."""
+    snap = cycle.snap
+    while jobs:
+        runs = [job_runtime(cycle, j, offer, cfg) for j in jobs]
+        cost, _ = launch_cost(offer, launch.count, runs, cfg)
+        part = shares(jobs, cost)
+        drop = None
+        for team, usd in sorted(part.items()):
+            cap = snap.budgets.get(team)
+            if cap is None or committed.get(team, 0.0) + usd <= cap + 1e-6:
+                continue
+            if team in snap.soft_budgets:
+                if _soft_wait(cycle, [j for j in jobs if j.team == team], cfg):
+                    drop = team
+                    break
+                continue
+            for j in jobs:
+                if j.team == team:
+                    cycle.pending[j.id] = budget_exhausted(team, cap, committed.get(team, 0.0), usd)
+            drop = team
+            break
+        if drop is None:
+            return jobs
+        jobs = [j for j in jobs if j.team != drop]
+    return jobs
+
+
+def _soft_wait(cycle: Cycle, jobs: list[Job], cfg: Mapping[str, Any]) -> bool:
+    """Past a soft cap: hold the team's bursts until ``soft_delay_s`` after their SLA broke
+    (True: they wait; their reason and a wake-up are set)."""
+    delay = float(cfg["soft_delay_s"])
+    wait = False
+    for j in jobs:
+        cls = cycle.snap.class_by_name.get(j.priority)
+        if cls is None:
+            continue
+        at = target_of(j, cls) + delay
+        if cycle.now < at:
+            wait = True
+            cycle.pending[j.id] = Reason(
+                "BudgetSoftCap", f"team {j.team} is past its soft budget: its bursts wait "
+                                 f"~{dur(at - cycle.now)} more, behind other teams'")
+            if cycle.wake_at is None or at < cycle.wake_at:
+                cycle.wake_at = at
+    return wait
+
+
+def _within_max_price(cycle: Cycle, job: Job, offer: Offer) -> bool:
+    limit = job.spec.max_price_per_hour
+    if limit is None or job_share_per_hour(offer, job) <= limit:
+        return True
+    cycle.pending[job.id] = Reason("OverMaxPrice", f"its share of {offer.id} costs more than "
+                                                   f"its max_price_per_hour (${limit:g})")
+    return False
