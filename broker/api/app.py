@@ -1,0 +1,208 @@
+"""The ASGI app: the FastAPI application, its errors as JSON, and the token check.
+
+Every route is a thin shell over :class:`broker.client.Client` on the cluster's Redis, acting
+for the token's holder (who is then named in the job history). Errors are one JSON shape,
+never a traceback::
+
+    {"error": "one line saying what was wrong and what to do", "errors": [{"field": ...,
+     "problem": ..., "allowed": ...}]}
+
+with 401 (token), 403 (role or team: the message names the one needed), 404 (no such job, or
+one of a team the token may not see), 409, 413 (body too large), 422 (bad input, each field
+named), 429 (rate limit, with Retry-After), 503 (Redis unreachable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from broker.client import Client
+from broker.config import Config, load_config
+from broker.errors import (
+    ConfigError,
+    Conflict,
+    FieldError,
+    JobNotFound,
+    NodeNotFound,
+    SpecError,
+    SpillwayError,
+    StoreUnreachable,
+)
+from broker.tokens import RateLimited, Refused, TokenError, TokenRecord, TokenStore
+
+log = logging.getLogger("spillway.api")
+
+MAX_BODY = 1 << 20  # bytes; a batch of a thousand specs fits well within it
+API_VERSION = "1"
+
+
+@dataclass
+class ApiState:
+    """What every request shares: the client on Redis, the tokens, the submit limits."""
+
+    client: Client
+    tokens: TokenStore
+    submit_rate: float  # jobs a second, per token
+    submit_burst: int  # jobs at once, per token
+
+
+def state(request: Request) -> ApiState:
+    return request.app.state.api  # type: ignore[no-any-return]
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `spillway token create`")
+
+
+def principal(request: Request,
+              creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> TokenRecord:
+    """The token's record; TokenError (401) when there is none or it is not valid."""
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise TokenError("no token: send `Authorization: Bearer <token>` (the CLI reads "
+                         "SPILLWAY_TOKEN or SPILLWAY_TOKEN_FILE)")
+    return state(request).tokens.verify(creds.credentials, time.time())
+
+
+def _body(message: str, errors: list[FieldError] | tuple[FieldError, ...] = ()) -> dict[str, Any]:
+    return {"error": message, "errors": [e.to_dict() for e in errors]}
+
+
+def _reply(status: int, message: str, errors: Any = (), **headers: str) -> JSONResponse:
+    return JSONResponse(_body(message, errors), status_code=status, headers=headers or None)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """A pydantic location as a field name: ("body", "spec", "gpus") -> "spec.gpus"."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = []
+    for e in exc.errors():
+        msg = str(e.get("msg", "is not valid"))
+        if e.get("type") == "extra_forbidden":
+            msg = "is not a known field"
+        elif e.get("type") == "json_invalid":
+            msg = f"is not valid JSON ({e.get('ctx', {}).get('error', msg)})"
+        errors.append(FieldError(_field(tuple(e.get("loc", ()))), msg))
+    return _reply(422, f"invalid request ({len(errors)} problem(s)): "
+                       + "; ".join(str(x) for x in errors), errors)
+
+
+def _spillway(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, SpecError):
+        return _reply(422, str(exc), exc.errors)
+    if isinstance(exc, TokenError):
+        return _reply(401, str(exc), **{"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, Refused):
+        return _reply(403, str(exc))
+    if isinstance(exc, (JobNotFound, NodeNotFound)):
+        return _reply(404, str(exc))
+    if isinstance(exc, RateLimited):
+        return _reply(429, str(exc), **{"Retry-After": str(max(1, round(exc.retry_after)))})
+    if isinstance(exc, Conflict):
+        return _reply(409, str(exc))
+    if isinstance(exc, StoreUnreachable):
+        return _reply(503, "the API server cannot reach its Redis; try again shortly")
+    return _reply(400, str(exc))
+
+
+def _store_down(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis error: %s", type(exc).__name__)
+    return _reply(503, "the API server cannot reach its Redis; try again shortly")
+
+
+def _crash(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("internal error")
+    return _reply(500, f"internal error ({type(exc).__name__}); the server's log has the "
+                       "details")
+
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse a request whose body is larger than ``limit`` bytes (413), declared or not."""
+
+    def __init__(self, app: Any, limit: int = MAX_BODY) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive,
+                       send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> MutableMapping[str, Any]:
+            nonlocal seen
+            msg = await receive()
+            seen += len(msg.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: MutableMapping[str, Any], receive: Receive,
+                      send: Send) -> None:
+        await _reply(413, f"request body too large: at most {self.limit} bytes (submit "
+                          "large batches in parts)")(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50) -> FastAPI:
+    """The API on ``client``'s cluster (a client on a ``redis://`` URL)."""
+    from broker.api import jobs, ops
+
+    if client._remote is not None:
+        raise ConfigError(f"the API server needs the cluster's Redis URL, not {client.redis_url}")
+    if submit_rate <= 0 or submit_burst < 1:
+        raise ConfigError("submit_rate must be positive and submit_burst at least 1")
+    app = FastAPI(title="Spillway API", version=API_VERSION, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json",
+                  description="Submit, watch and cancel GPU jobs; operate nodes; manage tokens."
+                              " Every call but /healthz needs `Authorization: Bearer <token>`.")
+    app.state.api = ApiState(client, TokenStore(client.store_redis), submit_rate, submit_burst)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(SpillwayError, _spillway)
+    app.add_exception_handler(redis.RedisError, _store_down)
+    app.add_exception_handler(Exception, _crash)
+    app.add_middleware(BodyLimit)
+    app.include_router(jobs.router)
+    app.include_router(ops.router)
+    return app
+
+
+def from_env() -> FastAPI:
+    """The app uvicorn builds in each worker process (``spillway api`` sets the variables)."""
+    config: Config = load_config(os.environ.get("SPILLWAY_CONFIG") or None)
+    client = Client(os.environ["SPILLWAY_REDIS_URL"], config)
+    return create_app(client, float(os.environ.get("SPILLWAY_API_SUBMIT_RATE", "5")),
+                      int(os.environ.get("SPILLWAY_API_SUBMIT_BURST", "50")))

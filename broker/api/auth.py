@@ -1,0 +1,75 @@
+"""Who may do what: every check the API makes on a token, each refusal naming what it lacks.
+
+A job of a team the token may not see is reported missing (404, the same words as a job that
+does not exist), so job ids never leak across teams. Everything else a token may not do is a
+403 that says which role, or which team, would be needed.
+"""
+
+from __future__ import annotations
+
+from broker.errors import JobNotFound
+from broker.model import Job
+from broker.tokens import Refused, TokenRecord
+
+#: action -> the roles that may do it (a ``user`` only within its team)
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "jobs.submit": ("user", "operator", "admin"),
+    "jobs.read": ("user", "operator", "admin"),
+    "jobs.cancel": ("user", "operator", "admin"),
+    "nodes.read": ("operator", "admin"),
+    "nodes.drain": ("operator", "admin"),
+    "tokens": ("admin",),
+    # reserved for the budget and report routes as they land (finance within its teams)
+    "budgets.read": ("finance", "operator", "admin"),
+    "budgets.write": ("finance", "admin"),
+    "reports.read": ("finance", "operator", "admin"),
+}
+
+_WORDS = {
+    "jobs.submit": "submitting jobs", "jobs.read": "reading jobs",
+    "jobs.cancel": "cancelling jobs", "nodes.read": "listing nodes",
+    "nodes.drain": "draining or resuming nodes", "tokens": "managing tokens",
+    "budgets.read": "reading budgets", "budgets.write": "setting budgets",
+    "reports.read": "reading reports",
+}
+
+TEAM_SCOPED = ("user", "finance")  # roles bound to their teams
+
+
+def require(who: TokenRecord, action: str, team: str | None = None) -> None:
+    """Refused unless ``who`` may do ``action`` (on ``team``'s things, where given)."""
+    roles = ALLOWED[action]
+    if who.role not in roles:
+        raise Refused(f"{_WORDS[action]} needs a token with role "
+                      f"{' or '.join(roles)}; yours ({who.user}) has role {who.role}")
+    if team is not None and who.role in TEAM_SCOPED and team not in who.teams:
+        raise Refused(f"{_WORDS[action]} of team {team!r} needs a token of team {team!r} "
+                      f"(or role operator); yours ({who.user}) is for team "
+                      f"{', '.join(who.teams)}")
+
+
+def sees(who: TokenRecord, job: Job) -> bool:
+    return who.role not in TEAM_SCOPED or job.team in who.teams
+
+
+def visible(who: TokenRecord, job: Job) -> Job:
+    """``job`` if ``who`` may see it; JobNotFound (as if it did not exist) otherwise."""
+    if not sees(who, job):
+        raise JobNotFound(job.id)
+    return job
+
+
+def list_team(who: TokenRecord, team: str | None) -> str | None:
+    """The team filter a listing must use: a team-bound token lists its own team only."""
+    require(who, "jobs.read", team)
+    if who.role in TEAM_SCOPED and team is None:
+        return who.team
+    return team
+
+
+def submit_team(who: TokenRecord, team: str | None) -> str | None:
+    """The team a submission is charged to: a user's own team when it names none."""
+    require(who, "jobs.submit", team)
+    if who.role in TEAM_SCOPED:
+        return team or who.team
+    return team

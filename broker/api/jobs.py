@@ -1,0 +1,158 @@
+"""Job routes: submit, submit many, list, get, cancel, logs (streamed), wait, explain.
+
+A ``user`` token sees its own team's jobs only; any other job is a 404 like a missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.api import auth
+from broker.api.app import ApiState, principal, state
+from broker.client import parse_states
+from broker.errors import FieldError, SpecError
+from broker.model import Job
+from broker.state import TERMINAL
+from broker.tokens import TokenRecord
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+Who = Annotated[TokenRecord, Depends(principal)]
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A job id")]
+MAX_BATCH = 1000
+WAIT_MAX_S = 60.0
+
+
+class SubmitBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    spec: dict[str, Any] = Field(description="JobSpec fields (as in `spillway submit -f`); "
+                                             "workdir must be absolute or left out")
+    hold_if_infeasible: bool | None = None
+
+
+class SubmitManyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    specs: list[dict[str, Any]] = Field(max_length=MAX_BATCH)
+    hold_if_infeasible: bool | None = None
+
+
+def _check_spec(who: TokenRecord, spec: dict[str, Any], at: str = "") -> dict[str, Any]:
+    """The spec charged to the token's team (a user's, when it names none), its workdir
+    absolute: a relative one has no meaning on the server."""
+    team = spec.get("team")
+    if team is not None and not isinstance(team, str):
+        raise SpecError([FieldError(f"{at}spec.team", "must be a string")])
+    workdir = spec.get("workdir")
+    if isinstance(workdir, str) and workdir and not workdir.startswith(("/", "~")):
+        raise SpecError([FieldError(f"{at}spec.workdir", f"{workdir!r} is relative",
+                                    "an absolute path, or none (the client makes it "
+                                    "absolute against the directory it submits from)")])
+    charged = auth.submit_team(who, team)
+    return spec if charged == team else {**spec, "team": charged}
+
+
+@router.post("", status_code=201, summary="Submit one job")
+def submit(body: SubmitBody, who: Who, request: Request) -> dict[str, Any]:
+    api = state(request)
+    spec = _check_spec(who, body.spec)
+    api.tokens.take(who, 1, time.time(), api.submit_rate, api.submit_burst)
+    job = api.client.acting_as(who.actor).submit(spec,
+                                                  hold_if_infeasible=body.hold_if_infeasible)
+    return job.to_dict()
+
+
+@router.post("/batch", status_code=201, summary="Submit many jobs: all or none")
+def submit_many(body: SubmitManyBody, who: Who, request: Request) -> list[dict[str, Any]]:
+    api = state(request)
+    specs = [_check_spec(who, s, f"[{i}].") for i, s in enumerate(body.specs)]
+    if specs:
+        api.tokens.take(who, len(specs), time.time(), api.submit_rate, api.submit_burst)
+    jobs = api.client.acting_as(who.actor).submit_many(
+        specs, hold_if_infeasible=body.hold_if_infeasible)
+    return [j.to_dict() for j in jobs]
+
+
+@router.get("", summary="List jobs, oldest first")
+def list_jobs(who: Who, request: Request,
+              state_: Annotated[str | None, Query(alias="state", max_length=200,
+                                                  description="Comma list of job states")] = None,
+              team: Annotated[str | None, Query(max_length=64)] = None,
+              priority: Annotated[str | None, Query(max_length=64)] = None,
+              limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+              skip: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
+    team = auth.list_team(who, team)
+    jobs = state(request).client.list(parse_states(state_), team=team, priority=priority,
+                                      limit=limit, skip=skip)
+    return [j.to_dict() for j in jobs if auth.sees(who, j)]
+
+
+def seen(request: Request, who: TokenRecord, job_id: str) -> Job:
+    """The job, if the token may read jobs and see this one; 404 as if missing otherwise."""
+    auth.require(who, "jobs.read")
+    return auth.visible(who, state(request).client.get(job_id))
+
+
+@router.get("/{job_id}", summary="One job's record")
+def get(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
+    return seen(request, who, job_id).to_dict()
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job (a finished one is left as it is)")
+def cancel(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
+    job = seen(request, who, job_id)
+    auth.require(who, "jobs.cancel", job.team)
+    return state(request).client.acting_as(who.actor).cancel(job_id).to_dict()
+
+
+@router.get("/{job_id}/wait", summary="Wait (up to 60 s a call) for the job to end")
+def wait(job_id: JobId, who: Who, request: Request,
+         timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S)] = 30.0) -> dict[str, Any]:
+    """``done`` is false when the job had not ended by ``timeout``: call again."""
+    job = seen(request, who, job_id)
+    client = state(request).client
+    deadline = time.monotonic() + timeout
+    while job.state not in TERMINAL and time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        job = client.get(job_id)
+    return {"done": job.state in TERMINAL, "job": job.to_dict()}
+
+
+@router.get("/{job_id}/explain", summary="Why the job is where it is")
+def explain(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
+    seen(request, who, job_id)
+    out = state(request).client.explain(job_id).to_dict()
+    if not math.isfinite(out["sla_s"]):
+        out["sla_s"] = None  # (no SLA: JSON has no infinity)
+    return out
+
+
+@router.get("/{job_id}/logs", summary="An attempt's output, as JSON lines (streamed)",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}},
+                             "description": "One JSON object a line: cursor, time, stream "
+                                            "(out or err), text"}})
+def logs(job_id: JobId, who: Who, request: Request,
+         attempt: Annotated[int | None, Query(ge=1)] = None,
+         follow: bool = False,
+         since: Annotated[str, Query(max_length=64, pattern=r"^[0-9-]+$")] = "0"
+         ) -> StreamingResponse:
+    job = seen(request, who, job_id)
+    if attempt is not None and attempt > job.attempt:
+        raise SpecError([FieldError("attempt", f"job {job_id} has had {job.attempt} "
+                                               f"attempt(s)", f"1 to {job.attempt}")])
+    api: ApiState = state(request)
+
+    def lines() -> Iterator[bytes]:
+        for line in api.client.logs(job_id, attempt=attempt, follow=follow, since=since):
+            yield (json.dumps({"cursor": line.cursor, "time": line.time,
+                               "stream": line.stream, "text": line.text}) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
