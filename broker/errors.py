@@ -64,6 +64,23 @@ class StoreUnreachable(StoreError, ConnectionError):
             "running server")
 
 
+class StoreRefused(StoreUnreachable):
+    """Redis answered but refused this client: a wrong password or user (AUTH), or a user
+    without the rights for a command or key (NOPERM). ``url`` has its password hidden."""
+
+    def __init__(self, url: str, cause: object = None) -> None:
+        self.url = url
+        text = str(cause or "").strip()
+        if "NOPERM" in text or "no permissions" in text:
+            hint = ("its Redis user may not do this; use the URL of a user with the rights "
+                    "this command needs (`spillway redis acl` and docs/security.md list them)")
+        else:
+            hint = ("check the user and password in the URL (redis://USER:PASSWORD@HOST:PORT/"
+                    "DB, from --redis-url, SPILLWAY_REDIS_URL or redis_url); `spillway up` "
+                    "keeps its URL in redis.url beside its data")
+        StoreError.__init__(self, f"Redis at {url} refused the connection ({text}); {hint}")
+
+
 class JobNotFound(StoreError, KeyError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id

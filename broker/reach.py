@@ -19,12 +19,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from broker.errors import StoreUnreachable
+from broker.errors import StoreRefused, StoreUnreachable
 
 T = TypeVar("T")
 
 #: What the Redis client raises when the server does not answer.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+#: What it raises when the server answers but refuses this client (checked first: an
+#: AuthenticationError is a ConnectionError).
+REFUSED = (redis.AuthenticationError, redis.exceptions.NoPermissionError,
+           redis.exceptions.AuthenticationWrongNumberOfArgsError)
 
 
 def hide_password(url: str) -> str:
@@ -58,6 +62,8 @@ def wait_for_redis(url: str, limit_s: float, stop: threading.Event, service: str
                 if attempt > 1:
                     log.warning("Redis at %s answers; the %s starts", shown, service)
                 return True
+            except REFUSED as e:  # a wrong password: waiting cannot fix it
+                raise StoreRefused(shown, e) from None
             except UNREACHABLE as e:
                 cause = str(e) or type(e).__name__
                 waited = time.monotonic() - start
@@ -92,6 +98,8 @@ class _Guarded:
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 result = value(*args, **kwargs)
+            except REFUSED as e:
+                raise StoreRefused(hide_password(self._url), e) from None
             except UNREACHABLE as e:
                 raise StoreUnreachable(hide_password(self._url), e) from e
             if isinstance(result, redis.client.Pipeline):  # its execute() talks to Redis

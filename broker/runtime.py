@@ -14,6 +14,7 @@ from broker.app import app as celery_app
 from broker.app import configure
 from broker.config import Config, load_config
 from broker.errors import ConfigError
+from broker.security.redact import install_log_redaction, url_password
 from broker.store import open_store
 from broker.store.base import BaseStore
 
@@ -52,6 +53,9 @@ def init_runtime(redis_url: str | None = None, config: Config | None = None) -> 
             "no Redis URL: pass --redis-url, set SPILLWAY_REDIS_URL, or run `spillway up` "
             "for the embedded server"
         )
+    # every log line of this process (scheduler, provisioner, tools) without secrets
+    install_log_redaction(extra=[url_password(url), config.metrics_token,
+                                 config.metrics_basic_auth])
     with _lock:
         _current = Runtime(config, url)
         _current.celery  # noqa: B018  (configure the app now)

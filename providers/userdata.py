@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from broker.model.cloud import Offer
 
@@ -49,17 +50,43 @@ def worker_args(offer: Offer) -> list[str]:
     return args
 
 
+CA_PATH = "/etc/spillway/redis-ca.pem"  # where a machine keeps the broker's CA certificate
+
+
+def _secret_lines(broker_url: str, ca_pem: str, ca_path: str) -> tuple[list[str], str]:
+    """Lines that put the CA in ``ca_path`` and the URL in ``SPILLWAY_REDIS_URL`` (never on
+    a command line, where ``ps`` would show its password), and the URL the agent uses."""
+    lines: list[str] = []
+    if ca_pem:  # (a certificate is public: no secret in it)
+        sep = "&" if "?" in broker_url else "?"
+        broker_url = f"{broker_url}{sep}ssl_ca_certs={ca_path}&ssl_cert_reqs=required"
+        lines += [f"mkdir -p {shlex.quote(ca_path.rsplit('/', 1)[0] or '/')}",
+                  f"cat > {shlex.quote(ca_path)} <<'SPILLWAY_CA'",
+                  ca_pem.strip(), "SPILLWAY_CA"]
+    lines.append(f"export SPILLWAY_REDIS_URL={shlex.quote(broker_url)}")
+    return lines, broker_url
+
+
 def render(offer: Offer, kind: str, broker_url: str, request_id: str,
-           install_command: str = "", worker_command: str = "spillway") -> str:
+           install_command: str = "", worker_command: str = "spillway", ca_pem: str = "",
+           ca_path: str = CA_PATH) -> str:
     """The boot script for one machine of ``offer`` (provider ``kind``: aws, gcp, libcloud,
-    local), joining the broker at ``broker_url``."""
+    local), joining the broker at ``broker_url``: the agent's own credentials (its ACL user,
+    broker/security/acl.py), never the scheduler's. With ``ca_pem`` (the broker's CA
+    certificate, PEM) the machine writes it to ``ca_path`` and verifies the broker's TLS
+    certificate with it. A URL with a password or a CA is exported in the environment, not
+    passed on the agent's command line."""
     lookup = INSTANCE_ID_LOOKUP.get(kind, _OTHER)
-    args = [shlex.quote(a) for a in ("--redis-url", broker_url, "worker", "--site",
+    secret = ca_pem or _has_password(broker_url)
+    url_args = () if secret else ("--redis-url", broker_url)
+    args = [shlex.quote(a) for a in (*url_args, "worker", "--site",
                                      str(offer.site), *worker_args(offer))]
+    env_lines = _secret_lines(broker_url, ca_pem, ca_path)[0] if secret else []
     lines = [
         "#!/bin/sh",
         f"# Spillway cloud worker: request {request_id}, offer {offer.id}",
         "set -eu",
+        *env_lines,
         install_command.strip() or ": no install step",
         lookup,
         'if [ -z "$INSTANCE_ID" ]; then echo "spillway: no instance id" >&2; exit 1; fi',
@@ -68,3 +95,10 @@ def render(offer: Offer, kind: str, broker_url: str, request_id: str,
         '--instance-id "$INSTANCE_ID" --node-id "$INSTANCE_ID"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _has_password(url: str) -> bool:
+    try:
+        return urlsplit(url).password is not None
+    except ValueError:
+        return True  # (unparsable: keep it off the command line anyway)

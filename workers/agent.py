@@ -430,6 +430,10 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     from workers.tasks import set_node_handler  # registers this queue's tasks
 
     guard = metrics.Guard.from_config(config)  # (a wrong metrics_* setting: ConfigError now)
+    from broker.security.redact import install_log_redaction, url_password
+
+    install_log_redaction(extra=[url_password(redis_url), config.metrics_token,
+                                 config.metrics_basic_auth])  # no secret in a log line
     stop_requested = _early_signal_handlers()
     node_id = node_id or socket.gethostname()
     try:

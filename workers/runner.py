@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.errors import JobNotFound, StaleAttempt
 from broker.model import Job
+from broker.security.redact import job_base_env
 from broker.store.base import BaseStore
 from broker.store.events import STOPPED, StartFailed
 from workers.procs import (
@@ -136,7 +137,8 @@ class Supervisor:
         self.work_dir = os.path.abspath(os.path.expanduser(work_dir))
         self.log_dir = os.path.join(self.work_dir, "logs")
         os.makedirs(self.log_dir, exist_ok=True)
-        self._base_env = dict(os.environ)  # the agent's environment, read once
+        # the agent's environment, read once, without its secrets (broker/security/redact.py)
+        self._base_env = job_base_env(os.environ)
         self._prefix = list(pdeathsig_prefix())
         # jobs run as job_user (the agent as root): its setpriv goes after the cgroup step,
         # which must still write as root

@@ -17,7 +17,15 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from broker.config import Config, load_config
-from broker.errors import ConfigError, FieldError, JobNotFound, SpecError, SpillwayError
+from broker.errors import (
+    ConfigError,
+    FieldError,
+    JobNotFound,
+    SpecError,
+    SpillwayError,
+    StoreRefused,
+)
+from broker.reach import REFUSED
 
 out = Console(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -136,6 +144,11 @@ class SpillwayGroup(TyperGroup):
             raise typer.Exit(EXIT_SPEC) from None
         except (ConfigError, JobNotFound) as e:
             raise fail(str(e)) from None
+        except REFUSED as e:  # (before ConnectionError: a wrong password is one)
+            obj = ctx.find_root().obj
+            url = getattr(obj, "redis_url", None)
+            raise fail(str(StoreRefused(redacted(url) if url else "the configured Redis",
+                                        e))) from None
         except (redis.ConnectionError, redis.TimeoutError, OperationalError) as e:
             err.print(f"[red]error:[/] {escape(_redis_hint(ctx))} ({escape(str(e))})")
             raise typer.Exit(EXIT_FAIL) from None

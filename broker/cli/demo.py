@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli import demo_cloud
-from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, settings
+from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, redacted, settings
 from broker.cli.ops import _Stop, install_stop_handlers
 from broker.cli.render import fitted_table, gpus_text, state_text
 from broker.cli.root import app
@@ -332,7 +332,7 @@ def demo(
         with err.status("starting Redis, the scheduler and a worker..."):
             cluster.start()
         kind = "embedded, stops with the demo" if cluster.embedded else "configured"
-        out.print(f"Redis {cluster.url} ({kind}); worker {cluster.node_id} with {gpus}")
+        out.print(f"Redis {redacted(cluster.url)} ({kind}); worker {cluster.node_id} with {gpus}")
         config = s.config
         if cloud:
             from broker.config import load_config

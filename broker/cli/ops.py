@@ -281,7 +281,7 @@ def up(
                       f"${local.offer.price_per_hour:.2f}/h (spillway launch OFFER; "
                       "spillway instances)")
         out.print("In another shell:")
-        out.print(f"  [bold]export SPILLWAY_REDIS_URL={cluster.url}[/]")
+        out.print(f"  [bold]export SPILLWAY_REDIS_URL={escape(cluster.export_value())}[/]")
         out.print("  spillway submit --gpus 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'")
         out.print("  spillway queue")
         out.print("Ctrl-C stops everything.")

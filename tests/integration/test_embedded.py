@@ -23,7 +23,18 @@ from broker.state import JobState
 
 pytestmark = pytest.mark.integration
 
-URL_RE = re.compile(r"redis://127\.0\.0\.1:(\d+)/0")
+# (the embedded server's URL is printed with its password masked)
+URL_RE = re.compile(r"redis://(?::\*\*\*@)?127\.0\.0\.1:(\d+)/0")
+
+
+def where(m: re.Match[str]) -> str:
+    """What every process of that cluster has in its environment (or command line)."""
+    return f"127.0.0.1:{m.group(1)}/0"
+
+
+def machines_of(where: str) -> list[str]:
+    """The local cloud's machines (worker agents) of that cluster."""
+    return [p for p in processes_with_env(where) if "worker\\x00--site\\x00local:" in p]
 
 
 def clean_env(tmp_path: Path) -> dict[str, str]:
@@ -121,7 +132,7 @@ def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
     assert "Traceback" not in output
     m = URL_RE.search(output)
     assert m, output
-    assert_all_gone(int(m.group(1)), m.group(0))
+    assert_all_gone(int(m.group(1)), where(m))
 
 
 @pytest.mark.slow
@@ -160,7 +171,7 @@ def test_demo_bursts_to_the_local_cloud_and_gives_every_machine_back(tmp_path: P
     assert "Traceback" not in output
     m = URL_RE.search(output)
     assert m, output
-    assert_all_gone(int(m.group(1)), m.group(0))
+    assert_all_gone(int(m.group(1)), where(m))
 
 
 @pytest.mark.slow
@@ -174,12 +185,12 @@ def test_demo_interrupted_again_and_again_mid_burst_leaves_nothing_running(tmp_p
         for line in proc.stdout:  # the first line names the embedded Redis
             m = URL_RE.search(line)
             if m:
-                url = m.group(0)
+                url = where(m)
                 break
         assert url, "the demo never printed its Redis URL"
         deadline = time.monotonic() + 90
         # wait for a rented machine's agent (booted: it would outlive the demo if left)
-        while not processes_mentioning(f"{url} worker --site local:"):
+        while not machines_of(url):
             assert time.monotonic() < deadline, "no cloud machine was started"
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.2)
@@ -192,11 +203,11 @@ def test_demo_interrupted_again_and_again_mid_burst_leaves_nothing_running(tmp_p
         rest = proc.communicate(timeout=10)[0]
         # the demo gives its machines back before it exits (left alone, their agents would
         # only give up once Redis is gone)
-        assert not processes_mentioning(f"{url} worker --site local:"), rest
+        assert not machines_of(url), rest
         assert proc.returncode == 130, rest
         assert "interrupted; shutting down" in rest
         assert "Traceback" not in rest
-        assert_all_gone(int(url.rsplit(":", 1)[1].split("/")[0]), url)
+        assert_all_gone(int(url.rsplit(":", 1)[1].split("/")[0]), url)  # (url: where())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -239,8 +250,8 @@ def test_up_serves_jobs_and_stops_on_sigterm(up: tuple[subprocess.Popen[str],
         except queue.Empty:
             continue
         seen.append(line)
-        m = re.search(r"export SPILLWAY_REDIS_URL=(\S+)", line)
-        url = m.group(1) if m else None
+        m = re.search(r'export SPILLWAY_REDIS_URL="\$\(cat (\S+)\)"', line)
+        url = Path(m.group(1)).read_text().strip() if m else None
         assert proc.poll() is None or url, "".join(seen)
 
     with Client(url) as client:
@@ -252,5 +263,5 @@ def test_up_serves_jobs_and_stops_on_sigterm(up: tuple[subprocess.Popen[str],
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    port = int(URL_RE.search(url).group(1))  # type: ignore[union-attr]
-    assert_all_gone(port, url)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert_all_gone(port, f"127.0.0.1:{port}/0")

@@ -1,0 +1,176 @@
+"""Redis ACL users for each Spillway component (Redis 6.2 or later; docs/security.md).
+
+Roles, and what each may touch (``sw:`` is the store's key prefix, broker/store/redis.py):
+
+* ``scheduler``: everything, as the scheduler, reconciler and provisioner need (and, for the
+  provisioner, ``ACL SETUSER`` to create each cloud machine's agent user).
+* ``api``: every key and channel, no administration (no ACL, CONFIG, FLUSHALL, KEYS, ...):
+  the API server and operators' CLIs submit, cancel, drain and read.
+* ``agent``: one node. It writes its own node (``sw:node:<id>``, its GPU allocations, the node
+  index), consumes its own Celery queue (``node.<id>``), and writes what its reports and logs
+  touch: job records, their indexes, the log streams, fair-share usage. It may push (not read)
+  commands onto other nodes' queues (a gang's stop), and reads the rest of the store. It cannot
+  write another node's record, a cloud instance, the offers, the archive, the leader's epoch,
+  the scheduler's queue order or reservation, and runs no administrative or dangerous command.
+
+Why an agent writes every job's record: its reports (started, exited) and log appends are
+compare-and-set Lua scripts on ``sw:job:<id>`` and the indexes, and Redis checks the caller's
+ACL for each key a script declares and each command it calls. Key patterns cannot tell one
+job from another by its node, and a job's spec lives inside its record (docs/security.md,
+"What an agent can still do").
+
+Passwords never appear in the rules: a user's password goes in as ``#<sha256>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from broker.errors import SpillwayError
+
+ROLES = ("scheduler", "api", "agent")
+DEFAULT_PREFIX = "sw:"
+#: Keys outside the store's prefix that Spillway itself writes (broker/commands.py).
+CYCLE_KEYS = ("sw:cycle:dirty", "sw:cycle:wake")
+#: Kombu's Redis transport: queue bindings, the unacknowledged-message ledger and its lock.
+KOMBU_KEYS = ("_kombu.binding.*", "unacked", "unacked_index", "unacked_mutex")
+#: kombu's priority queues are ``<queue>\x06\x16<priority>`` (kombu.transport.redis).
+PRIORITY_SEP = "\x06\x16"
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+#: Commands no component but an administrator runs.
+_NEVER = ("-@admin", "-@dangerous", "-function", "-script|flush", "-script|kill",
+          "-swapdb", "-move", "-migrate")
+
+
+class AclError(SpillwayError):
+    """A bad role, node id or user name, or Redis refused to set the user up."""
+
+
+@dataclass(frozen=True)
+class AclUser:
+    name: str
+    rules: tuple[str, ...]  # ACL SETUSER arguments after the name, without the password
+
+    def with_password(self, password: str) -> tuple[str, ...]:
+        """The rules plus the password, as its SHA-256 (never the clear text)."""
+        return (*self.rules, f"#{hashlib.sha256(password.encode()).hexdigest()}")
+
+    def command(self, password: str | None = None) -> str:
+        """``ACL SETUSER ...`` as one redis-cli line (the password as its hash)."""
+        rules = self.with_password(password) if password else self.rules
+        return " ".join(["ACL", "SETUSER", self.name, *(_quote(r) for r in rules)])
+
+
+def _quote(rule: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_.:~%&*+\-|@#<>=/()\[\]^?]+", rule):
+        return rule
+    return '"' + rule.encode("unicode_escape").decode().replace('"', '\\"') + '"'
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.match(node_id) or any(c in node_id for c in "*?[]\\"):
+        raise AclError(f"node id {node_id!r}: not allowed; use 1-128 letters, digits, '.', "
+                       "'_', ':' or '-', starting with a letter or digit")
+    return node_id
+
+
+def default_user(role: str, node_id: str | None = None) -> str:
+    return f"spillway-agent-{node_id}" if role == "agent" else f"spillway-{role}"
+
+
+def user_for(role: str, node_id: str | None = None, name: str | None = None,
+             prefix: str = DEFAULT_PREFIX) -> AclUser:
+    """The ACL user of ``role`` (``agent`` needs ``node_id``)."""
+    if role not in ROLES:
+        raise AclError(f"role {role!r}: not a role; use one of {', '.join(ROLES)}")
+    if role == "agent" and not node_id:
+        raise AclError("role agent: --node is required (an agent's user is for one node)")
+    if role != "agent" and node_id:
+        raise AclError(f"role {role}: --node is only for the agent role")
+    name = name or default_user(role, node_id)
+    if not _USER.match(name):
+        raise AclError(f"user {name!r}: not allowed; use 1-128 letters, digits, '.', '_', ':' "
+                       "or '-'")
+    base = ("reset", "on", "resetchannels")
+    if role == "scheduler":
+        return AclUser(name, (*base, "~*", "&*", "+@all", "-@admin", "+acl|setuser",
+                              "+acl|deluser", "+acl|getuser", "+acl|whoami", "-shutdown",
+                              "-debug", "-flushall", "-flushdb"))
+    if role == "api":
+        return AclUser(name, (*base, "~*", "&*", "+@all", *_NEVER))
+    return AclUser(name, (*base, *agent_keys(check_node_id(node_id or ""), prefix),
+                          "&*", "-@all", "+@read", "+@write", "+@scripting", "+@transaction",
+                          "+@connection", "+@pubsub", "+@keyspace", "+@fast", *_NEVER,
+                          "-publish", "-keys", "-scan", "-randomkey", "-rename",
+                          "-renamenx", "-copy", "-restore"))
+
+
+def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The key patterns of one node's agent: ``~`` read and write, ``%R~`` read only,
+    ``%W~`` write only."""
+    p = prefix
+    own = [f"{p}node:{node_id}", f"{p}alloc:*", f"{p}nodes", f"{p}nodes:seq"]
+    reports = [f"{p}job:*", f"{p}jobs:*", f"{p}ver:*", f"{p}reasons", f"{p}leader",
+               f"{p}logs:*", f"{p}usage", f"{p}runtimes"]
+    queue = [f"node.{node_id}", f"node.{node_id}{PRIORITY_SEP}*"]
+    celery = [*KOMBU_KEYS, "*reply.celery.pidbox"]
+    # (node ids hold no glob characters: check_node_id)
+    rules = [f"~{k}" for k in (*own, *reports, *CYCLE_KEYS, *queue, *celery)]
+    return [*rules, "%W~node.*", f"%R~{p}*"]
+
+
+# -- applying ---------------------------------------------------------------------------------
+
+
+def new_password() -> str:
+    """A random password (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def setuser(client: Any, user: AclUser, password: str) -> None:
+    """Create or replace ``user`` on the server ``client`` talks to."""
+    import redis
+
+    try:
+        client.execute_command("ACL", "SETUSER", user.name, *user.with_password(password))
+    except redis.ResponseError as e:
+        raise AclError(f"Redis refused ACL SETUSER {user.name}: {e} (the connecting user "
+                       "needs the acl|setuser permission, and Redis 6.2 or later)") from None
+
+
+def deluser(client: Any, name: str) -> bool:
+    return bool(client.execute_command("ACL", "DELUSER", name))
+
+
+def url_for(base_url: str, user: str, password: str) -> str:
+    """``base_url`` (its host, port, database, TLS options) with this user and password."""
+    parts = urlsplit(base_url)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    netloc += f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def mint_agent(client: Any, base_url: str, node_id: str, prefix: str = DEFAULT_PREFIX,
+               name: str | None = None) -> str:
+    """Create (or replace) the agent user of ``node_id`` with a new password; return the
+    URL its agent connects with (``base_url``'s server and TLS options)."""
+    user = user_for("agent", node_id, name, prefix)
+    password = new_password()
+    setuser(client, user, password)
+    return url_for(base_url, user.name, password)
+
+
+def rules_text(users: Sequence[AclUser], password: str | None = None) -> str:
+    return "\n".join(u.command(password) for u in users) + "\n"
