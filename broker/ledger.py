@@ -197,7 +197,8 @@ def accrue(book: BudgetBook, records: Sequence[Instance], jobs: Sequence[Job],
            gpus_of: Callable[[Instance], int], now: float,
            interval_s: float = INTERVAL_S) -> Accrued:
     """One ledger pass over the instance records (see the module docstring)."""
-    todo = [r for r in records if book.charged_upto(r.request_id) != -1]
+    done = book.settled()
+    todo = [r for r in records if r.request_id not in done]
     by_id = {j.id: j for j in jobs}
     uses = uses_by_node(jobs) if todo else {}
     charged: set[str] = set()
@@ -221,7 +222,8 @@ def accrue(book: BudgetBook, records: Sequence[Instance], jobs: Sequence[Job],
 def accrue_store(store: BaseStore, book: BudgetBook, now: float) -> Accrued:
     """:func:`accrue` over a store's records and jobs (the provisioner's lifecycle pass)."""
     records = store.instances()
-    open_ = [r for r in records if book.charged_upto(r.request_id) != -1]
+    done = book.settled()
+    open_ = [r for r in records if r.request_id not in done]
     if not open_:
         return accrue(book, records, [], lambda i: 1, now)
     offers = {o.id: o.gpu_count for o in store.offers(now, include_blocked=True)}

@@ -23,11 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker import commands
 from broker.cloud_settings import ProviderSettings
+from broker.ledger import accrue_store
 from broker.lifecycle import IDLE_DRAIN, RESEND_AFTER_S, Step, Timeouts, decide
 from broker.model import Instance, InstanceState, Job, Node, NodeState, Offer
 from broker.model.fit import could_hold, site_allows
 from broker.runtime import Runtime
 from broker.state import JobState
+from broker.store.budgets import budget_book
 from broker.store.instances import block_key_of, request_ids
 from providers.base import (
     CloudMachine,
@@ -222,6 +224,8 @@ class Provisioner:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
         done["forgotten"] += self._forget_nodes(records, nodes, now)
+        acc = accrue_store(store, budget_book(store), now)  # the ledger (broker/ledger.py)
+        done["settled"] += acc.settled
         done = +done  # (no zero counts)
         if done:
             log.info("lifecycle: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
