@@ -15,7 +15,8 @@ Opt = typer.Option
 _ROWS = (("wait mean", "wait_mean_s"), ("wait p50", "wait_p50_s"), ("wait p95", "wait_p95_s"),
          ("busy util", "busy_utilization"), ("util", "utilization"),
          ("Jain", "jain_fairness"), ("SLA", "sla_attainment"), ("preemptions", "preemptions"),
-         ("started", "started"))
+         ("started", "started"), ("cloud cost", "cloud_cost_usd"), ("bursts", "bursts"),
+         ("cloud GPU h", "cloud_gpu_hours"))  # (cloud rows: a cluster with cloud sites)
 
 
 def _num(v: Any) -> str:
@@ -32,6 +33,8 @@ def summary(data: dict[str, Any]) -> str:
              f"{'metric':<12} {'real':>10} {'sim':>10} {'diff':>8} {'sim-ideal':>10} "
              f"{'diff':>8}"]
     for label, key in _ROWS:
+        if key not in data["real"]:
+            continue
         d, di = data["diff"].get(key), data["diff_ideal"].get(key)
         lines.append(f"{label:<12} {_num(data['real'].get(key)):>10} "
                      f"{_num(data['sim'].get(key)):>10} "
@@ -42,6 +45,10 @@ def summary(data: dict[str, Any]) -> str:
     lines.append(f"start rank correlation {_num(data['start_rank_correlation'])}; same first "
                  f"node {_num(pj['same_first_node'])}, same attempts "
                  f"{_num(pj['same_attempts'])}")
+    site = pj.get("site")
+    if site:
+        lines.append(f"jobs on cloud: real {site['on_cloud_real']}, sim {site['on_cloud_sim']}; "
+                     f"same site (on-prem or cloud) {site['same_site']} of {site['compared']}")
     lines.append("delays measured (real s): " + ", ".join(
         f"{k} {v:g}" for k, v in data["latencies_real_s"].items()))
     load = data["load"]
@@ -60,7 +67,8 @@ def summary(data: dict[str, Any]) -> str:
 def fidelity(
     trace: Annotated[str, Opt("--trace", help="'philly' (shipped) or a CSV file.")] = "philly",
     cluster: Annotated[str, Opt("--cluster", help="A shipped cluster by name or a cluster "
-                                                  "YAML file (on-prem nodes only).")
+                                                  "YAML file (cloud sites run as local "
+                                                  "providers).")
                        ] = "seed-160",
     policy: Annotated[str, Opt("--policy", help="spillway, slurm-like or fcfs.")] = "spillway",
     start: Annotated[str | None, Opt("--from", help="Keep jobs submitted at or after (ISO).")

@@ -147,11 +147,12 @@ def result_of(w: World, label: str, capacity: int, meta: Mapping[str, Any]) -> S
     return result
 
 
-def relative_diff(real: Mapping[str, Any], sim: Mapping[str, Any]) -> dict[str, float | None]:
-    """``(real - sim) / |sim|`` per compared metric; 0 when both are 0, None when only the
-    simulator's is 0 or either is missing."""
+def relative_diff(real: Mapping[str, Any], sim: Mapping[str, Any],
+                  keys: Sequence[str] = COMPARED) -> dict[str, float | None]:
+    """``(real - sim) / |sim|`` per compared metric (``keys``); 0 when both are 0, None when
+    only the simulator's is 0 or either is missing."""
     out: dict[str, float | None] = {}
-    for key in COMPARED:
+    for key in keys:
         a, b = real.get(key), sim.get(key)
         if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
             out[key] = None

@@ -28,8 +28,9 @@ import redis
 import yaml
 
 from broker.errors import ConfigError, SpillwayError
+from broker.fidelity.cloud import CLUSTER_NAME, job_sites, local_providers, stop_machines
 from broker.fidelity.scale import inventory_text, real_config
-from broker.model import Job
+from broker.model import Instance, Job
 from broker.sim.cluster import Cluster
 from broker.sim.types import Trace, TraceJob
 from broker.state import JobState
@@ -66,6 +67,8 @@ class RealResult:
     all_started: bool
     submit_lag_s: list[float]
     load: dict[str, Any] = field(default_factory=dict)
+    instances: list[Instance] = field(default_factory=list)  # every cloud launch, ended too
+    registered: dict[str, float] = field(default_factory=dict)  # cloud node -> first heartbeat
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -87,6 +90,7 @@ class RealRun:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.url = ""
         self.env: dict[str, str] = {}
+        self.providers: dict[str, dict[str, Any]] = {}  # cloud sites as local providers
 
     # -- processes ---------------------------------------------------------------------
 
@@ -110,7 +114,11 @@ class RealRun:
         port = free_port()
         self.url = f"redis://127.0.0.1:{port}/0"
         config = self.workdir / "config.yaml"
-        config.write_text(yaml.safe_dump(real_config(self.cluster, self.policy)))
+        doc = real_config(self.cluster, self.policy)
+        if self.cluster.cloud is not None:
+            self.providers = local_providers(self.cluster.cloud, self.workdir / "cloud")
+            doc.update(providers=self.providers, cluster_name=CLUSTER_NAME)
+        config.write_text(yaml.safe_dump(doc))
         self.env = {**os.environ, "SPILLWAY_CONFIG": str(config), "PYTHONUNBUFFERED": "1",
                     "SPILLWAY_REDIS_URL": self.url}
         self._spawn("redis", [server, "--port", str(port), "--bind", "127.0.0.1", "--save",
@@ -156,6 +164,8 @@ class RealRun:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+            if group is services and self.providers:
+                stop_machines(self.providers)  # (what the provisioner had not given back)
 
     # -- the run -----------------------------------------------------------------------
 
@@ -167,7 +177,7 @@ class RealRun:
                 "name": tj.name, "gpus": tj.gpus, "nodes": tj.nodes,
                 "gpu_types": [tj.gpu_type] if tj.gpu_type else [], "cpus": 0.0,
                 "priority": tj.priority, "team": tj.team, "time_limit": tj.time_limit_s,
-                "checkpoint_dir": str(ckpt), "sites": ["onprem"]}
+                "checkpoint_dir": str(ckpt), "sites": job_sites(self.cluster, tj.priority)}
 
     def run(self, jobs: list[TraceJob], give_up_at_s: float, at_least_s: float = 0.0,
             tick: Callable[[float, int, int], None] = lambda *_: None) -> RealResult:
@@ -211,11 +221,12 @@ class RealRun:
             stopped = time.time()
             load = watch.summary(stopped)
             got = {t: store.get(j) for t, j in ids.items()}
+            instances = store.instances() if self.providers else []
         finally:
             store.close()
             watch.close()
         return RealResult(got, t0, stopped, not waiting and bool(submitted),
-                          submitted.get("lag_s", []), load)
+                          submitted.get("lag_s", []), load, instances, dict(watch.registered))
 
 
 def _ran(job: Job) -> bool:
@@ -256,6 +267,7 @@ class Watch:
         self.store = RedisStore(url)
         self.cycles: dict[str, dict[str, float]] = {}  # by "at": each cycle seen once
         self.ages: list[float] = []
+        self.registered: dict[str, float] = {}  # cloud node -> its first heartbeat
         self.memory: list[int] = []
         self.cpu0 = {n: _cpu_s(p.pid) for n, p in procs.items()}
         self.t0 = time.time()
@@ -270,8 +282,13 @@ class Watch:
             if now >= self._next_slow:  # heartbeats and memory: once a second
                 self._next_slow = now + 1.0
                 ttl = self.store.config.lease_ttl_s
-                self.ages += [max(0.0, now - (n.lease_expires - ttl))
-                              for n in self.store.nodes()]
+                nodes = self.store.nodes()
+                self.ages += [max(0.0, now - (n.lease_expires - ttl)) for n in nodes
+                              if n.state.value != "DOWN"]  # (a machine given back: gone)
+                for n in nodes:
+                    if n.site != "onprem" and n.lease_expires > 0:
+                        beat = n.lease_expires - ttl
+                        self.registered[n.id] = min(self.registered.get(n.id, beat), beat)
                 self.memory.append(int(self.raw.info("memory")["used_memory"]))
 
     def summary(self, now: float) -> dict[str, Any]:

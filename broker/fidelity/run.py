@@ -6,8 +6,9 @@ then the real system, then the simulator again with the delays measured in the r
 (:class:`~broker.sim.latency.Latencies`). Both worlds are cut at the same horizon: the moment
 the real run stopped (every job had started, or it gave up). ``real`` and ``sim`` (the
 simulator with the delays) are compared; ``sim_ideal`` shows what the delays are worth.
-Cloud sites: not yet (a cluster with cloud sites is refused; the hook is
-:func:`_refuse_cloud`, where the local provider will start their agents).
+Cloud sites (broker/fidelity/cloud.py): the real run rents from local providers with the
+sites' offers, prices, boot time and quotas; the simulator runs its cloud model; cloud cost,
+launches, cloud GPU-hours and each job's site (on-prem or cloud) are compared too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from broker.config import Config
 from broker.errors import ConfigError
+from broker.fidelity import cloud as fc
 from broker.fidelity.compare import relative_diff, result_of, world
 from broker.fidelity.diverge import per_job
 from broker.fidelity.real import RealResult, RealRun, refuse_custom
@@ -49,13 +51,6 @@ class FidelityRequest:
     give_up_factor: float = 3.0  # the real run stops at this x the ideal last start, at most
 
 
-def _refuse_cloud(cluster: Cluster) -> None:
-    """The hook for cloud sites: once the local provider runs them, start their agents here."""
-    if getattr(cluster, "cloud", None) is not None:
-        raise ConfigError("--cluster: this cluster has cloud sites; the fidelity run covers "
-                          "on-prem nodes only for now: use a cluster file without them")
-
-
 def _feasible(cluster: Cluster, trace: Trace) -> Trace:
     keep = tuple(j for j in trace.jobs if could_hold(cluster.nodes, JobSpec(
         command=["x"], gpus=j.gpus, nodes=j.nodes, cpus=0.0,
@@ -80,7 +75,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def measure(res: RealResult, checkpoint_s: float, cycle_s: float,
-            at_once: set[str]) -> Latencies:
+            at_once: set[str], cluster: Cluster | None = None) -> Latencies:
     """The real system's delays (real seconds), from the histories of the real run.
     ``at_once``: the jobs the ideal simulator started the instant they arrived; their real
     wait for a decision is the cycle's reaction time."""
@@ -97,12 +92,18 @@ def measure(res: RealResult, checkpoint_s: float, cycle_s: float,
         if job.state is JobState.SUCCEEDED and job.attempt == 1 and job.started_at:
             work = float(job.spec.command[2]) if isinstance(job.spec.command, list) else 0.0
             end.append((job.finished_at or 0.0) - job.started_at - work)
+    spec = cluster.cloud if cluster is not None else None
+    cloud = fc.measured(res.instances, res.registered, res.jobs.values(),
+                        fc.real_offer_ids(spec), spec.idle_timeout_s) if spec else {}
     react.sort()  # the slowest tenth waited for room in the real run: not a reaction
     react = react[:max(1, len(react) * 9 // 10)] if react else []
     return Latencies(cycle_s=max(0.0, _mean(react)), dispatch_s=max(0.0, _mean(dispatch)),
                      end_s=max(0.0, _mean(end)), stop_s=max(0.0, _mean(stop)),
                      period_s=cycle_s,
-                     dispatch_samples=tuple(sorted(max(0.0, x) for x in dispatch)))
+                     dispatch_samples=tuple(sorted(max(0.0, x) for x in dispatch)),
+                     launch_s=max(0.0, _mean(cloud.get("launch", []))),
+                     register_s=max(0.0, _mean(cloud.get("register", []))),
+                     release_s=max(0.0, _mean(cloud.get("release", []))))
 
 
 def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: None
@@ -114,12 +115,11 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
         raise ConfigError("--policy: give one policy (run the command once per policy)")
     policy = req.sim.policies[0]
     cluster, trace, meta = prepare(req.sim)  # the same window and load as `simulate`
-    _refuse_cloud(cluster)
     refuse_custom(policy, cluster)
     for node in cluster.nodes:
         inventory_text(node)  # (refuses MIG layouts now, not after the simulation)
     trace = _feasible(cluster, trace)
-    sc, st = scale_cluster(cluster, k), scale_trace(trace, k)
+    sc, st = fc.scale_cloud(scale_cluster(cluster, k), k), scale_trace(trace, k)
     checkpoint_s = min(30.0 / k, float(sc.settings["grace_s"])) * CHECKPOINT_SHARE
     ideal = _sim(sc, st, policy, Latencies(), checkpoint_s)
     last = max((r.first_start_s or 0.0 for r in ideal.records.values()), default=0.0)
@@ -139,9 +139,44 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
         finally:
             real.stop()
     at_once = {i for i, r in ideal.records.items() if r.first_start_s == r.submit_s}
-    lat = measure(res, checkpoint_s, Config().cycle_s, at_once)
+    lat = measure(res, checkpoint_s, Config().cycle_s, at_once, sc)
     model = _sim(sc, st, policy, lat, checkpoint_s)
-    return _compare(res, model, ideal, lat, cluster, trace, policy, k, meta)
+    out, results = _compare(res, model, ideal, lat, cluster, trace, policy, k, meta)
+    if sc.cloud is not None:
+        _compare_cloud(out, results, res, model, ideal, sc, k)
+    return out, results
+
+
+def _compare_cloud(out: dict[str, Any], results: list[SimResult], res: RealResult,
+                   model: LatencySimulation, ideal: LatencySimulation, sc: Cluster,
+                   k: float) -> None:
+    """Cloud cost, launches and GPU-hours of the three worlds (into their metrics and the
+    diffs), and where each job first ran."""
+    assert sc.cloud is not None
+    horizon = out["horizon_s"]
+    offers = fc.real_offer_ids(sc.cloud)
+    sim_offers = {o.id: o for o in offers.values()}
+    real_nodes = {i.node_id for i in res.instances if i.node_id} | set(res.registered)
+    real_fig = fc.figures(res.instances, offers, res.t0, k, horizon)
+    sites = {"real": fc.on_cloud(res.jobs, real_nodes, res.t0, k, horizon)}
+    figs = {"real": real_fig}
+    for name, s in (("sim", model), ("sim_ideal", ideal)):
+        assert s.cloud is not None
+        recs = [i.record for i in s.cloud.clouds.instances.values()]
+        figs[name] = fc.figures(recs, sim_offers, 0.0, k, horizon)
+        sites[name] = fc.on_cloud({i: s.store.get(i) for i in s.trace_jobs},
+                                  {r.node_id for r in recs if r.node_id}, 0.0, k, horizon)
+    for name, result in zip(("real", "sim", "sim_ideal"), results):
+        out[name].update(figs[name])
+        result.metrics.update(figs[name])
+    out["diff"].update(relative_diff(figs["real"], figs["sim"], fc.CLOUD_KEYS))
+    out["diff_ideal"].update(relative_diff(figs["real"], figs["sim_ideal"], fc.CLOUD_KEYS))
+    out["per_job"]["site"] = fc.site_agreement(sites["real"], sites["sim"])
+    out["cloud"] = {"providers": sorted(fc.local_providers(sc.cloud, Path("-"))),
+                    "offers": sorted(offers), "spot_interruptions": "off in both worlds",
+                    "boot_s_real": {i: float(o.extra.get("boot_s", 0.0))
+                                    for i, o in offers.items()},
+                    "idle_timeout_s_real": sc.cloud.idle_timeout_s}
 
 
 def _compare(res: RealResult, model: LatencySimulation, ideal: LatencySimulation,

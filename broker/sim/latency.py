@@ -20,6 +20,7 @@ from typing import Any
 
 from broker.errors import ConfigError
 from broker.model import Job
+from broker.sim.cloudrun import BOOT, IDLE
 from broker.sim.cluster import Cluster
 from broker.sim.engine import END, WAKE, Simulation
 from broker.sim.types import Trace
@@ -42,7 +43,15 @@ class Latencies:
     at the next multiple of it, since the real scheduler does not wake for it (0: at once).
     ``dispatch_samples``: if given, each attempt's dispatch delay is one of these (measured
     ones, so the tail is kept), drawn by a hash of the job id and attempt (deterministic)
-    instead of ``dispatch_s``."""
+    instead of ``dispatch_s``.
+
+    Cloud sites (a cluster with a ``cloud`` section): ``launch_s``: a plan's launch -> the
+    provider has started the machine (the ``provision`` queue's message, the provisioner's
+    store reads, the provider's call); ``register_s``: the machine has booted -> its agent has
+    registered (the agent's own start-up: imports, inventory, first heartbeat). Both delay
+    the instance's readiness beyond its boot time. ``release_s``: an idle cloud node is
+    released this long after its idle timeout (the lifecycle pass that notices it, the drain,
+    the termination)."""
 
     cycle_s: float = 0.0
     dispatch_s: float = 0.0
@@ -50,6 +59,9 @@ class Latencies:
     stop_s: float = 0.0
     period_s: float = 0.0
     dispatch_samples: tuple[float, ...] = ()
+    launch_s: float = 0.0
+    register_s: float = 0.0
+    release_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -73,9 +85,9 @@ class Latencies:
 
     def times(self, k: float) -> Latencies:
         """Every delay multiplied by ``k`` (real seconds -> trace seconds at time scale k)."""
-        return Latencies(self.cycle_s * k, self.dispatch_s * k, self.end_s * k,
-                         self.stop_s * k, self.period_s * k,
-                         tuple(v * k for v in self.dispatch_samples))
+        return Latencies(**{f.name: tuple(v * k for v in getattr(self, f.name))
+                            if f.name == "dispatch_samples" else getattr(self, f.name) * k
+                            for f in fields(self)})
 
     def as_dict(self) -> dict[str, float]:
         """The delays (``dispatch_samples`` as their count and mean)."""
@@ -100,6 +112,14 @@ class LatencySimulation(Simulation):
         self._plan_wakes: set[float] = set()
 
     def _push(self, t: float, kind: int, job_id: str, attempt: int = 0) -> None:
+        late = self.lat.launch_s + self.lat.register_s
+        if kind == BOOT and late > 0 and self.cloud is not None:
+            t += late  # (BOOT is pushed once per instance, at its launch)
+            inst = self.cloud.clouds.instances.get(job_id)
+            if inst is not None:
+                inst.ready_at = t
+        elif kind == IDLE and self.lat.release_s > 0:
+            t += self.lat.release_s
         if kind == WAKE and job_id == "" and self.lat.period_s > 0:
             t = math.ceil(t / self.lat.period_s) * self.lat.period_s  # the next periodic cycle
             self._plan_wakes.add(t)

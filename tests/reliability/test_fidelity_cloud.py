@@ -1,0 +1,144 @@
+"""Cloud sites in the fidelity run (broker/fidelity/cloud.py): the cluster file's cloud sites as
+local providers with the same offers, prices, boot time and quotas, durations scaled by K,
+spot interruptions off; the simulator's cloud delays (launch, agent registration, release) as
+opt-in latencies; cloud cost, launches and GPU-hours read alike from both worlds' instance
+records. The slow test runs a small burst on the real system (a real Redis, the scheduler
+with its provisioner, 5 agents, rented machines that are local `spillway worker` processes)
+and fails if cloud cost or launches disagree with the simulator beyond BOUND."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.fidelity import cloud as fc
+from broker.fidelity.run import FidelityRequest, run_fidelity
+from broker.model import Instance, InstanceState
+from broker.sim.cluster import cluster_from_data
+from broker.sim.latency import Latencies, LatencySimulation
+from broker.sim.run import SimRequest
+from tests.unit.test_sim_engine import tj, trace
+
+H = 3600.0
+CLUSTER = Path(__file__).resolve().parents[2] / "broker/fidelity/data/fidelity-burst.yaml"
+
+
+def cluster(**site: Any) -> Any:
+    return cluster_from_data({
+        "name": "tiny", "nodes": [{"prefix": "n", "gpus": "4xV100-16GB"}],
+        "cloud": {"idle_timeout_s": 300, "sites": [{
+            "provider": "aws", "region": "us-east-1", "zones": ["us-east-1c"],
+            "instance_types": ["p3.2xlarge", "p3.8xlarge"], "markets": ["ondemand"],
+            "boot_s": [120, 300], "notice_s": 120, "quota_gpus": 8,
+            "availability": {"us-east-1c": "x.json"}, **site}]}}, "tiny.yaml")
+
+
+def test_the_cloud_is_scaled_by_k_with_a_fixed_boot_and_no_interruptions() -> None:
+    sc = fc.scale_cloud(cluster(), 10)
+    assert sc.cloud is not None
+    site = sc.cloud.sites[0]
+    assert site.boot_s == (21.0, 21.0) and site.notice_s == 12.0
+    assert sc.cloud.idle_timeout_s == 30.0 and dict(site.availability) == {}
+    assert fc.scale_cloud(cluster_from_data({"nodes": [{"prefix": "n", "gpus": "1xT4"}]}),
+                          10).cloud is None
+
+
+def test_each_offer_becomes_a_local_provider_with_its_price_boot_and_quota(tmp_path: Path
+                                                                           ) -> None:
+    spec = fc.scale_cloud(cluster(), 10).cloud
+    assert spec is not None
+    got = fc.local_providers(spec, tmp_path)
+    assert sorted(got) == ["aws-1", "aws-2"]  # one provider, two offers: numbered
+    by_type = {v["instance_type"]: v for v in got.values()}
+    p8 = by_type["p3.8xlarge"]
+    assert (p8["kind"], p8["gpus"], p8["price_per_hour"], p8["market"]) == (
+        "local", "4xV100-16GB", 12.24, "ondemand")
+    assert p8["boot_delay_s"] == 21.0 and p8["idle_timeout_s"] == 30.0
+    assert p8["offer_extra"]["region_quota_gpus"] == 8.0 and p8["max_instances"] == 2
+    assert p8["offer_extra"]["boot_s"] == 21.0 and p8["state_dir"] == str(tmp_path)
+    ids = fc.real_offer_ids(spec)
+    assert {o.instance_type for o in ids.values()} == {"p3.2xlarge", "p3.8xlarge"}
+    assert all(i.startswith(("aws-1:", "aws-2:")) for i in ids)
+    one = fc.scale_cloud(cluster(instance_types=["p3.8xlarge"]), 10).cloud
+    assert one is not None
+    assert list(fc.real_offer_ids(one)) == ["aws:us-east-1:ondemand/p3.8xlarge"]  # same id
+
+
+def test_job_sites_follow_the_class() -> None:
+    c = cluster()
+    assert fc.job_sites(c, "critical") == ["onprem", "cloud"]  # spot not allowed
+    assert fc.job_sites(c, "high") == ["onprem", "cloud", "spot"]
+    assert fc.job_sites(c, "low") == ["onprem"]  # may not burst
+
+
+def test_cloud_figures_are_cut_at_the_horizon_and_scaled_back() -> None:
+    spec = fc.scale_cloud(cluster(instance_types=["p3.8xlarge"]), 10).cloud
+    assert spec is not None
+    offers = fc.real_offer_ids(spec)
+    oid = next(iter(offers))
+    done = Instance("r1", oid, requested_at=100.0).moved(InstanceState.BOOTING, 101.0, "x") \
+        .moved(InstanceState.TERMINATED, 100.0 + 36.0, "idle")
+    live = Instance("r2", oid, requested_at=100.0 + 18.0)
+    late = Instance("r3", oid, requested_at=100.0 + 400.0)
+    got = fc.figures([done, live, late], offers, 100.0, 10.0, 360.0)  # 36 real s at K=10
+    assert got["bursts"] == 2  # r3 came after the horizon
+    assert got["cloud_gpu_hours"] == pytest.approx(4 * (0.1 + 0.05), abs=0.01)
+    assert got["cloud_cost_usd"] == pytest.approx(12.24 * 0.15, abs=0.01)
+
+
+def test_site_agreement_counts_where_each_job_ran() -> None:
+    got = fc.site_agreement({"a": True, "b": False, "c": True}, {"a": True, "b": True})
+    assert (got["compared"], got["same_site"], got["on_cloud_real"], got["on_cloud_sim"],
+            got["cloud_sim_only"], got["differ"]) == (2, 1, 2, 2, 1, ["b"])
+
+
+def test_the_cloud_delays_move_readiness_and_release_and_are_off_by_default() -> None:
+    c = cluster(instance_types=["p3.2xlarge"], boot_s=[200, 200])
+    jobs = trace(tj("hog", 0, 10 * H, 4, priority="critical"),
+                 tj("hi", 10, H, 1, priority="high"))
+
+    def run(lat: Latencies) -> tuple[Any, Any]:
+        s = LatencySimulation(c, jobs, latencies=lat)
+        res = s.run()
+        assert s.cloud is not None
+        return res, next(iter(s.cloud.clouds.instances.values()))
+
+    ideal, inst0 = run(Latencies())
+    late, inst1 = run(Latencies(launch_s=5.0, register_s=25.0, release_s=40.0))
+    assert inst1.ready_at - inst0.ready_at == pytest.approx(30.0)
+    start = {r.id: r.first_start_s for r in ideal.records}
+    start1 = {r.id: r.first_start_s for r in late.records}
+    assert start1["hi"] == pytest.approx(start["hi"] + 30.0)
+    end0, end1 = inst0.record.ended_at, inst1.record.ended_at
+    assert end0 is not None and end1 is not None
+    assert end1 - end0 == pytest.approx(30.0 + 40.0)  # later ready, later idle, later release
+    assert ideal.metrics["cloud_cost_usd"] < late.metrics["cloud_cost_usd"]
+
+
+BOUND = {"cloud_cost_usd": 0.15, "bursts": 0.25}  # relative, real against the simulator
+K = 100.0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> None:
+    req = FidelityRequest(SimRequest(trace="philly", cluster=str(CLUSTER),
+                                     policies=("spillway",), start="2017-10-12T00:00",
+                                     end="2017-10-12T00:25", load_scale=2.0),
+                          time_scale=K, workdir=tmp_path)
+    data, _ = run_fidelity(req)
+    from broker.cli.fidelity import summary
+
+    print(summary(data))  # shown when the test fails
+    assert data["real_all_started"]
+    assert data["real"]["bursts"] >= 2 and data["sim"]["bursts"] >= 2, "no burst to compare"
+    for key, bound in BOUND.items():
+        d = data["diff"][key]
+        assert d is not None and abs(d) <= bound, \
+            f"{key}: real {data['real'][key]} vs sim {data['sim'][key]} ({d:+.1%})"
+    site = data["per_job"]["site"]
+    assert site["on_cloud_real"] > 0 and site["on_cloud_sim"] > 0
+    assert not list((tmp_path / "cloud" / fc.CLUSTER_NAME).glob("*.json")), \
+        "a rented machine was left running"
