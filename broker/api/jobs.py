@@ -19,7 +19,7 @@ from broker.api import auth
 from broker.api.app import ApiState, principal, state
 from broker.client import parse_states
 from broker.errors import FieldError, SpecError
-from broker.model import Job
+from broker.model import Job, JobSpec
 from broker.state import TERMINAL
 from broker.tokens import TokenRecord
 
@@ -44,15 +44,33 @@ class SubmitManyBody(BaseModel):
     hold_if_infeasible: bool | None = None
 
 
+def _checked(api: ApiState, who: TokenRecord, specs: list[dict[str, Any]],
+             batch: bool) -> list[dict[str, Any]]:
+    """Each spec charged to its team and parsed (SpecError naming every bad field, with the
+    spec's place in a batch), before any submit is taken from the token's bucket."""
+    out, problems = [], []
+    for i, spec in enumerate(specs):
+        at = f"[{i}]." if batch else ""
+        try:
+            out.append(_check_spec(who, spec, at))
+            JobSpec.parse(out[-1], api.client.config)
+        except SpecError as e:
+            problems += [FieldError(f"{at}{p.field}" if not p.field.startswith(at) else p.field,
+                                    p.problem, p.allowed) for p in e.errors]
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
 def _check_spec(who: TokenRecord, spec: dict[str, Any], at: str = "") -> dict[str, Any]:
     """The spec charged to the token's team (a user's, when it names none), its workdir
     absolute: a relative one has no meaning on the server."""
     team = spec.get("team")
     if team is not None and not isinstance(team, str):
-        raise SpecError([FieldError(f"{at}spec.team", "must be a string")])
+        raise SpecError([FieldError(f"{at}team", "must be a string")])
     workdir = spec.get("workdir")
     if isinstance(workdir, str) and workdir and not workdir.startswith(("/", "~")):
-        raise SpecError([FieldError(f"{at}spec.workdir", f"{workdir!r} is relative",
+        raise SpecError([FieldError(f"{at}workdir", f"{workdir!r} is relative",
                                     "an absolute path, or none (the client makes it "
                                     "absolute against the directory it submits from)")])
     charged = auth.submit_team(who, team)
@@ -62,7 +80,7 @@ def _check_spec(who: TokenRecord, spec: dict[str, Any], at: str = "") -> dict[st
 @router.post("", status_code=201, summary="Submit one job")
 def submit(body: SubmitBody, who: Who, request: Request) -> dict[str, Any]:
     api = state(request)
-    spec = _check_spec(who, body.spec)
+    spec = _checked(api, who, [body.spec], batch=False)[0]
     api.tokens.take(who, 1, time.time(), api.submit_rate, api.submit_burst)
     job = api.client.acting_as(who.actor).submit(spec,
                                                   hold_if_infeasible=body.hold_if_infeasible)
@@ -72,7 +90,7 @@ def submit(body: SubmitBody, who: Who, request: Request) -> dict[str, Any]:
 @router.post("/batch", status_code=201, summary="Submit many jobs: all or none")
 def submit_many(body: SubmitManyBody, who: Who, request: Request) -> list[dict[str, Any]]:
     api = state(request)
-    specs = [_check_spec(who, s, f"[{i}].") for i, s in enumerate(body.specs)]
+    specs = _checked(api, who, body.specs, batch=True)
     if specs:
         api.tokens.take(who, len(specs), time.time(), api.submit_rate, api.submit_burst)
     jobs = api.client.acting_as(who.actor).submit_many(

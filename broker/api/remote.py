@@ -163,15 +163,12 @@ class Remote:
                     resp = self._send(self._conn, method, path, body)
                     raw = resp.read()
                     break
-                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                    self.close()  # the server closed a kept connection: send it once more
-                    if attempt == 2 or not reused:
-                        raise ApiUnreachable(f"the API server at {self.url} closed the "
-                                             "connection; try again") from None
                 except (OSError, http.client.HTTPException) as e:
-                    self.close()
-                    raise ApiUnreachable(f"cannot reach the API server at {self.url} ({e}); "
-                                         "is `spillway api` running there?") from None
+                    self.close()  # a kept connection the server closed: send it once more
+                    if attempt == 2 or not reused or isinstance(e, ApiUnreachable):
+                        raise e if isinstance(e, ApiUnreachable) else ApiUnreachable(
+                            f"cannot reach the API server at {self.url} ({e}); is `spillway "
+                            "api` running there?") from None
             self._used = time.monotonic()
         try:
             doc = json.loads(raw) if raw else None
