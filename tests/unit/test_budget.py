@@ -1,0 +1,183 @@
+"""Budgets: the cap arithmetic of the budget step (policies/budget.py), the budget book on both
+backends (broker/store/budgets*.py) and the ledger's split and idempotent charges
+(broker/ledger.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from broker.ledger import Use, charge_instance, reserve_plan, split
+from broker.model import Instance, InstanceState, Job, Offer, StateChange
+from broker.plan import Launch, Plan
+from broker.scheduler import run_cycle
+from broker.store.budgets import Budget, BudgetBook, BudgetError, Part, parse_alerts, window_ids
+from broker.store.budgets_memory import MemoryBudgets
+from broker.store.budgets_redis import RedisBudgets
+from tests.builders import node
+from tests.unit.test_burst import OD, SLA, SPOT, late
+from tests.unit.test_preemption import NOW as BURST_NOW
+from tests.unit.test_preemption import running, snap
+
+H = 3600.0
+# SPOT: $0.918/h, boots in 60 s; late(): 1 GPU, time limit 2 h; the idle tail is 300 s
+COST = 0.918 * (60 + 2 * H + 300) / H  # 1.9278
+
+
+def budgets(caps: dict[str, float], spend: dict[str, float] | None = None,
+            soft: frozenset[str] = frozenset()) -> dict[str, Any]:
+    return {"budgets": caps, "spend": spend or {}, "soft_budgets": soft}
+
+
+# (jobs, snapshot budget fields, cycle kwargs, launches [(jobs, budget)], reason codes)
+ROWS: dict[str, tuple[list[Any], dict[str, Any], dict[str, Any], list[Any], dict[str, str]]] = {
+    "no budget: the launch as planned": (
+        [late()], {}, {}, [(("p",), ())], {"p": "Bursting"}),
+    "within the cap: reserved at its expected cost": (
+        [late()], budgets({"t": 10.0}), {}, [(("p",), (("t", COST),))], {"p": "Bursting"}),
+    "exactly to the cap": (
+        [late()], budgets({"t": 10.0}, {"t": 10.0 - COST}), {}, [(("p",), (("t", COST),))], {}),
+    "a cent over the cap: refused": (
+        [late()], budgets({"t": 10.0}, {"t": 10.01 - COST}), {}, [],
+        {"p": "BudgetExhausted"}),
+    "another team's cap does not apply": (
+        [late()], budgets({"other": 0.0}), {}, [(("p",), (("t", COST),))], {}),
+    "a zero cap refuses every burst": (
+        [late()], budgets({"t": 0.0}), {}, [], {"p": "BudgetExhausted"}),
+    "the second job of a cycle sees the first's cost": (
+        [late("p1"), late("p2")], budgets({"t": 3.0}), {"offers": (SPOT,)},
+        [(("p1",), (("t", COST),))], {"p2": "BudgetExhausted"}),
+    "soft cap passed, SLA not broken long: waits": (
+        [late()], budgets({"t": 1.0}, {"t": 5.0}, frozenset({"t"})), {}, [],
+        {"p": "BudgetSoftCap"}),
+    "soft cap passed, SLA broken long ago: bursts": (
+        [late(left=-2000)], budgets({"t": 1.0}, {"t": 5.0}, frozenset({"t"})), {},
+        [(("p",), (("t", 0.918 * (60 + 2 * H + 300) / H),))], {"p": "Bursting"}),
+}
+
+
+def plan_of(queue: list[Job], fields: dict[str, Any], offers: tuple[Offer, ...] = (SPOT, OD)
+            ) -> Plan:
+    s = snap([node("a", 4)], queue, [running("r", 4, time_limit=20 * H)], offers=offers,
+             **fields)
+    return run_cycle(s, SLA, BURST_NOW)
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_cap_arithmetic(name: str) -> None:
+    jobs, fields, kw, want, reasons = ROWS[name]
+    plan = plan_of(jobs, fields, **kw)
+    got = [(x.for_jobs, tuple((t, round(v, 6)) for t, v in x.budget)) for x in plan.launches]
+    assert got == [(j, tuple((t, round(v, 6)) for t, v in b)) for j, b in want]
+    for job_id, code in reasons.items():
+        assert plan.pending[job_id].code == code
+    if "refused" in name:
+        assert "over the cap by $0.01" in plan.pending["p"].message
+
+
+def test_budget_validation_names_the_field() -> None:
+    for kw, field in (({"amount": -1}, "amount"), ({"window": "year"}, "window"),
+                      ({"alerts": (0,)}, "alerts"), ({"team": "a b"}, "team")):
+        args: dict[str, Any] = {"team": "t", "amount": 5.0, **kw}
+        with pytest.raises(BudgetError, match=f"^{field}: "):
+            Budget(**args)
+    with pytest.raises(BudgetError, match=r"^alerts: 'x'"):
+        parse_alerts("50,x")
+    assert Budget("t", 5, alerts=parse_alerts("100,50%")).alerts == (50.0, 100.0)
+    assert window_ids(1764892800.0) == {"month": "2025-12", "week": "2025-W49",  # a Friday
+                                         "total": "total"}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def book(request: pytest.FixtureRequest) -> Iterator[BudgetBook]:
+    if request.param == "memory":
+        yield MemoryBudgets()
+        return
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    yield RedisBudgets(client, request.getfixturevalue("redis_prefix"))
+
+
+def part(team: str, usd: float) -> Part:
+    return Part(team, usd, 0.0, 0.0, "aws:r:ondemand", "2026-12-05")
+
+
+NOW = 1764892800.0 + 4 * 86400  # Tuesday 2025-12-09 00:00 UTC
+
+
+def test_book_reserves_all_or_none_charges_once_and_settles(book: BudgetBook) -> None:
+    book.set(Budget("a", 10.0, "month"), "alice", NOW)
+    book.set(Budget("b", 100.0, "week", hard=False, alerts=(50,)), "bob", NOW)
+    assert book.reserve([("i1", "a", 6.0), ("i1", "b", 500.0)], NOW) is None  # b is soft
+    assert book.reserve([("i1", "a", 6.0)], NOW) is None  # the same key again: no-op
+    no = book.reserve([("i2", "a", 4.5)], NOW)
+    assert no is not None and (no.team, no.spent, no.reserved, no.cap) == ("a", 0, 6.0, 10.0)
+    assert no.over_by == pytest.approx(0.5)
+    assert book.reserved() == {"a": 6.0, "b": 500.0}
+    assert book.charge("i1", 7, [part("a", 2.0), part("b", 60.0)], NOW)
+    assert not book.charge("i1", 7, [part("a", 2.0)], NOW)  # booked before
+    assert not book.charge("i1", 6, [part("a", 2.0)], NOW)  # an earlier interval
+    assert book.spent("a")[window_ids(NOW)["month"]] == 2.0
+    assert book.reserved()["a"] == pytest.approx(4.0)
+    assert book.reserve([("i2", "a", 4.5)], NOW) is not None  # 2 + 4 + 4.5 > 10
+    assert book.reserve([("i2", "a", 4.0)], NOW) is None
+    book.settle("i1")
+    book.settle("i1")
+    assert book.reserved()["a"] == pytest.approx(4.0) and book.reserved()["b"] == 0
+    assert book.charged_upto("i1") == -1 and "i1" in book.settled()
+    assert not book.charge("i1", 8, [part("a", 1.0)], NOW)  # settled: nothing more
+    assert book.fire_alerts("b", NOW) == [50.0] and book.fire_alerts("b", NOW) == []
+    assert book.status("a", NOW)["left"] == pytest.approx(10 - 2 - 4)
+    assert book.remove("a", "carol", NOW) and not book.remove("a", "carol", NOW)
+    assert [(h["team"], h["action"], h["who"]) for h in book.history()] == [
+        ("a", "set", "alice"), ("b", "set", "bob"), ("a", "rm", "carol")]
+
+
+def test_split_by_gpu_seconds_idle_to_the_launching_team() -> None:
+    # 4 GPUs for an hour at $4/h; team x holds 2 GPUs for 30 min, y 1 GPU all along
+    uses = [Use("x", 2, 0.0, 1800.0), Use("y", 1, -5.0, None)]
+    parts = {p.team: p for p in split(4.0, 4, 0.0, H, uses, {"x": 1.0}, "s")}
+    assert parts["x"].gpu_s == 3600 and parts["y"].gpu_s == 3600
+    assert parts["x"].idle_s == 4 * H - 7200 and parts["y"].idle_s == 0
+    assert parts["x"].usd == pytest.approx(3.0) and parts["y"].usd == pytest.approx(1.0)
+    assert sum(p.usd for p in split(4.0, 4, 0.0, H, [], {}, "s")) == pytest.approx(4.0)
+
+
+def machine(ended: float | None) -> Instance:
+    inst = Instance("r1", "aws:r:ondemand/t", requested_at=NOW, price_per_hour=2.0,
+                    node_id="n1", for_jobs=("j",),
+                    history=(StateChange(InstanceState.REQUESTED, NOW, ""),))
+    inst = inst.moved(InstanceState.BOOTING, NOW + 100, "")
+    return inst.moved(InstanceState.TERMINATED, ended, "") if ended else inst
+
+
+def test_charges_hour_by_hour_once_and_settles_the_rest(book: BudgetBook) -> None:
+    book.set(Budget("x", 10.0, "total"), "a", NOW)
+    assert book.reserve([("r1", "x", 5.0)], NOW) is None
+    uses = [Use("x", 1, NOW + 200, None)]
+    live = machine(None)
+    assert charge_instance(book, live, 2.0, 1, uses, {"x": 1}, NOW + 1.5 * H) == {"x"}
+    assert charge_instance(book, live, 2.0, 1, uses, {"x": 1}, NOW + 1.5 * H) == set()
+    assert book.spent("x")["total"] == pytest.approx(2.0 * (H - 100) / H)
+    ended = machine(NOW + 2.5 * H)
+    charge_instance(book, ended, 2.0, 1, uses, {"x": 1}, NOW + 9 * H)  # a restarted pass
+    charge_instance(book, ended, 2.0, 1, uses, {"x": 1}, NOW + 9 * H)
+    assert book.spent("x")["total"] == pytest.approx(2.0 * (2.5 * H - 100) / H)
+    assert book.reserved()["x"] == pytest.approx(0.0)
+    sums = book.sums()
+    assert sum(v[0] for v in sums.values()) == pytest.approx(book.spent("x")["total"])
+    assert {k[1] for k in sums} == {"aws:r:ondemand"}
+
+
+def test_a_refused_launch_leaves_the_plan_with_the_reason() -> None:
+    book = MemoryBudgets()
+    book.set(Budget("t", 5.0, "total"), "a", NOW)
+    plan = Plan(launches=(Launch("o", 2, "req", ("j1",), (("t", 4.0),)),
+                          Launch("o", 1, "req2", ("j2",), (("t", 2.0),))))
+    kept = reserve_plan(book, plan, NOW)
+    assert [x.request_id for x in kept.launches] == ["req"]
+    assert kept.pending["j2"].code == "BudgetExhausted"
+    assert "over the cap by $1.00" in kept.pending["j2"].message
+    assert sorted(r.key for r in book.reservations()) == ["req-1", "req-2"]
