@@ -35,6 +35,8 @@ from __future__ import annotations
 import bisect
 import csv
 import datetime as dt
+import gzip
+import io
 import math
 import random
 import re
@@ -46,6 +48,9 @@ from typing import Literal
 from providers.carbon.base import CarbonDataError
 
 WEEK = 7 * 86400.0
+#: Electricity Maps' 2022 hourly series of US-CAL-CISO, ES, NO and BR, shipped (ODbL 1.0,
+#: "Electricity Maps"; data/NOTICE.md): the simulator's default carbon series.
+SHIPPED_2022 = Path(__file__).resolve().parent / "data" / "electricitymaps_2022_hourly.csv.gz"
 LWA_ZONES: Mapping[str, str] = {"ger": "DE", "de": "DE", "gb": "GB", "fr": "FR",
                                  "cal": "US-CAL-CISO"}
 _EM_TIME = "Datetime (UTC)"
@@ -174,7 +179,7 @@ def _parse_value(text: str, path: Path, line: int) -> float:
 
 
 def _zone_from_name(path: Path, zones: Mapping[str, str]) -> str:
-    stem = path.stem.lower()
+    stem = path.name.lower().removesuffix(".gz").removesuffix(".csv")
     key = re.split(r"[_\-.]", stem)[0]
     if stem in zones:
         return zones[stem]
@@ -192,12 +197,14 @@ def read_file(path: str | Path, column: str = "direct",
         raise CarbonDataError(f"column {column!r} is not allowed: use 'direct' or 'lca'")
     names = {**LWA_ZONES, **{k.lower(): v for k, v in (zones or {}).items()}}
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            header = reader.fieldnames or []
-            rows = list(reader)
-    except OSError as e:
-        raise CarbonDataError(f"carbon file {path}: {e.strerror or e}") from None
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        raise CarbonDataError(f"carbon file {path}: {getattr(e, 'strerror', None) or e}") \
+            from None
     out: dict[str, list[tuple[float, float]]] = {}
     if _EM_TIME in header and _EM_COLUMNS[column] in header:
         for n, row in enumerate(rows, start=2):
@@ -261,7 +268,7 @@ class CsvCarbonSource:
             raise CarbonDataError(f"carbon data directory {root} does not exist")
         wanted = {int(y) for y in years} if years is not None else None
         paths = []
-        for p in sorted(root.glob("*.csv")):
+        for p in sorted([*root.glob("*.csv"), *root.glob("*.csv.gz")]):
             m = re.search(r"_(\d{4})_", p.name)
             if wanted is None or m is None or int(m.group(1)) in wanted:
                 paths.append(p)
@@ -292,6 +299,13 @@ class CsvCarbonSource:
 
     def intensity(self, zone: str, at: float) -> float:
         return self._series(zone).at(at)
+
+    def actual(self, zone: str, start: float, end: float) -> list[tuple[float, float]]:
+        """The true series as steps covering ``[start, end)`` (no forecast error): what the
+        grid emitted, for accounting."""
+        if end < start:
+            raise CarbonDataError(f"window end {end} is before its start {start}")
+        return self._series(zone).steps(start, max(end, start))
 
     def forecast(self, zone: str, start: float, end: float) -> list[tuple[float, float]]:
         if end < start:

@@ -19,6 +19,7 @@ Sources
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -67,3 +68,14 @@ _BY_REGION = {(z.provider, z.region): z.carbon_zone for z in ZONES}
 def carbon_zone(provider: str, region: str) -> str:
     """The Electricity Maps zone of a cloud region; "" when the table does not know it."""
     return _BY_REGION.get((provider, region), "")
+
+
+def site_zone(site: str, onprem: Mapping[str, str] | None = None) -> str:
+    """The carbon zone of a site id (``onprem``, ``aws:us-east-1:spot``,
+    ``gcp:us-east1:us-east1-c:ondemand``): on-prem sites from ``onprem`` (site id -> zone, as
+    configured per site: ``energy.sites`` in docs/carbon.md), cloud sites from :data:`ZONES` by
+    provider and region; "" when neither knows it."""
+    if onprem and site in onprem:
+        return onprem[site]
+    parts = site.split(":")
+    return carbon_zone(parts[0], parts[1]) if len(parts) >= 3 else ""
