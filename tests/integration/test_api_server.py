@@ -4,6 +4,8 @@ other's jobs (404), bad tokens are refused, a restart loses nothing, the CLI wor
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,8 +17,11 @@ from broker.api.remote import Remote
 from broker.cli import app
 from broker.client import Client
 from broker.config import Config
+from broker.control import one_cycle
 from broker.errors import ConfigError, JobNotFound, NodeNotFound, SpecError
+from broker.model import Gpu, Node
 from broker.state import JobState
+from broker.store.events import Exited, Started
 from broker.tokens import RateLimited, Refused, TokenError, TokenStore
 from tests.conftest import flushed_db
 from tests.integration.api_harness import ApiServer, api_server
@@ -181,6 +186,40 @@ def test_the_cli_speaks_https_with_spillway_token(server: ApiServer, tokens: Tok
     res = runner.invoke(app, ["show", job_id], env={**env, "SPILLWAY_TOKEN": None,
                                                     "SPILLWAY_TOKEN_FILE": str(tok_file)})
     assert res.exit_code == 0 and "Cancelled by frank" in res.stdout
+
+
+def test_logs_stream_while_the_job_runs_and_operators_see_nodes(
+        url: str, as_user: Callable[[str], Client], tokens: TokenStore) -> None:
+    direct = Client(url, Config(hold_if_infeasible=True))  # the agent's and scheduler's side
+    gpus = tuple(Gpu(f"GPU-n1-{i}", i, "A100-80GB", 80.0) for i in range(2))
+    direct.store.heartbeat(Node("n1", gpus, hostname="n1", incarnation="i1"), ttl=60,
+                           now=time.time())
+    op = as_user(token(tokens, "otto", role="operator", team=""))
+    assert [(n.id, n.total) for n in op.nodes()] == [("n1", 2)]
+    user = as_user(token(tokens, "gina", team="g"))
+    job = user.submit(command="echo hi")
+    one_cycle(direct._rt)
+    direct.store.report(job.id, 1, Started(0, pid=123), time.time())
+    direct.store.append_logs(job.id, 1, [("out", "line 1"), ("err", "oops")], time.time())
+    assert [(x.stream, x.text) for x in user.logs(job.id)] == [("out", "line 1"),
+                                                                 ("err", "oops")]
+    got: queue.Queue[str | None] = queue.Queue()
+
+    def follow() -> None:
+        for line in user.logs(job.id, follow=True):
+            got.put(line.text)
+        got.put(None)
+
+    threading.Thread(target=follow, daemon=True).start()
+    assert [got.get(timeout=10), got.get(timeout=10)] == ["line 1", "oops"]
+    direct.store.append_logs(job.id, 1, [("out", "line 2")], time.time())
+    assert got.get(timeout=10) == "line 2"  # streamed while the job runs
+    direct.store.report(job.id, 1, Exited(0, 0), time.time())
+    assert got.get(timeout=10) is None  # the job ended: so did the stream
+    assert user.wait(job.id, timeout=10).state is JobState.SUCCEEDED
+    assert op.drain("n1").state.value == "DRAINING"
+    assert [n.state for n in op.nodes()] == ["DRAINING"]
+    direct.close()
 
 
 def test_plain_http_to_another_host_is_refused() -> None:
