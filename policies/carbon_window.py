@@ -88,6 +88,20 @@ def cleanest_slots(means: Sequence[float], k: int, start_by: int | None = None
     return sorted(chosen)
 
 
+def smoothed(values: Sequence[float], half: int) -> list[float]:
+    """The centred moving average over ``2 * half + 1`` values (fewer at the ends)."""
+    if half <= 0:
+        return list(values)
+    n, out = len(values), []
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    for i in range(n):
+        lo, hi = max(0, i - half), min(n, i + half + 1)
+        out.append((prefix[hi] - prefix[lo]) / (hi - lo))
+    return out
+
+
 def runs_of(slots: Sequence[int]) -> list[tuple[int, int]]:
     """Sorted slot numbers as runs ``[first, end)`` of consecutive slots."""
     out: list[tuple[int, int]] = []

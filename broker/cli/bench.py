@@ -96,3 +96,39 @@ def spot_deadline(
     _show({"cost_vs_ondemand": result["cost_vs_ondemand"],
            "deadline_misses": result["deadline_misses"],
            **{f"greedy {k}": v for k, v in result["baselines"]["greedy"].items()}}, False)
+
+
+@bench.command("carbon-shift")
+def carbon_shift(
+    data: Annotated[str, Opt("--data", help="The Let's Wait Awhile series (ger_ci.csv, "
+                                            "gb_ci.csv, fr_ci.csv).")
+                    ] = "../shared/data/carbon_letswaitawhile_2020",
+    country: Annotated[str, Opt("--country", help="DE, GB or FR.")] = "DE",
+    deadline: Annotated[str, Opt("--deadline", help="next-workday or semi-weekly.")
+                        ] = "next-workday",
+    interruptible: Annotated[bool, Opt("--interruptible", help="Jobs may pause and resume "
+                                                               "(checkpointed).")] = False,
+    forecast_error: Annotated[float, Opt("--forecast-error", help="White noise on the "
+                                         "forecast, SD as a share of the series' mean.")] = 0.0,
+    seed: Annotated[int, Opt("--seed", help="Seed of the job generation (0: the paper's).")
+                    ] = 0,
+    noise_seed: Annotated[int, Opt("--noise-seed", help="First seed of the forecast noise.")
+                          ] = 0,
+    repeats: Annotated[int, Opt("--repeats", help="Noisy forecasts averaged.")] = 10,
+    spatial: Annotated[bool, Opt("--spatial", help="Jobs may also run in the other two "
+                                                   "countries.")] = False,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Carbon time-shifting on the ML-training scenario of "Let's Wait Awhile"
+    (docs/carbon-shifting.md)."""
+    from broker.carbon_bench import DEADLINES, FILES, Setup, run
+    from broker.errors import ConfigError
+
+    if country.upper() not in FILES:
+        raise ConfigError(f"--country {country!r}: allowed: {', '.join(FILES)}")
+    if deadline not in DEADLINES:
+        raise ConfigError(f"--deadline {deadline!r}: allowed: {', '.join(DEADLINES)}")
+    if not 0 <= forecast_error <= 1 or repeats < 1:
+        raise ConfigError("--forecast-error must be between 0 and 1 (e.g. 0.05); --repeats >= 1")
+    _show(run(data, Setup(country.upper(), deadline, interruptible,  # type: ignore[arg-type]
+                          forecast_error, seed, noise_seed, repeats, spatial)), as_json)
