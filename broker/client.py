@@ -144,8 +144,9 @@ class NodeView:
 
 
 def resolve_url(redis_url: str | None, config: Config) -> str:
-    """The cluster's URL: a Redis URL, or an API server's ``https://`` one (SPILLWAY_URL)."""
-    url = (redis_url or os.environ.get("SPILLWAY_URL") or os.environ.get("SPILLWAY_REDIS_URL")
+    """The cluster's URL: a Redis URL, or an API server's ``https://`` one (SPILLWAY_URL,
+    after SPILLWAY_REDIS_URL as the CLI reads them)."""
+    url = (redis_url or os.environ.get("SPILLWAY_REDIS_URL") or os.environ.get("SPILLWAY_URL")
            or config.redis_url)
     if not url:
         raise ConfigError(
