@@ -8,7 +8,7 @@ from broker.cli.root import app
 
 # Registration order is the order of ``spillway --help``: researchers first, then ops.
 for _module in ("jobs", "ops", "cloud", "offers", "token", "budget", "demo", "sim", "fidelity",
-                "bench"):
+                "bench", "redis_cmd"):
     importlib.import_module(f"broker.cli.{_module}")
 
 __all__ = ["app", "main"]

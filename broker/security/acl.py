@@ -39,7 +39,7 @@ DEFAULT_PREFIX = "sw:"
 #: Keys outside the store's prefix that Spillway itself writes (broker/commands.py).
 CYCLE_KEYS = ("sw:cycle:dirty", "sw:cycle:wake")
 #: Kombu's Redis transport: queue bindings, the unacknowledged-message ledger and its lock.
-KOMBU_KEYS = ("_kombu.binding.*", "unacked", "unacked_index", "unacked_mutex")
+KOMBU_KEYS = ("_kombu.binding*", "unacked", "unacked_index", "unacked_mutex")
 #: kombu's priority queues are ``<queue>\x06\x16<priority>`` (kombu.transport.redis).
 PRIORITY_SEP = "\x06\x16"
 
@@ -96,6 +96,8 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
         raise AclError("role agent: --node is required (an agent's user is for one node)")
     if role != "agent" and node_id:
         raise AclError(f"role {role}: --node is only for the agent role")
+    if node_id:
+        check_node_id(node_id)
     name = name or default_user(role, node_id)
     if not _USER.match(name):
         raise AclError(f"user {name!r}: not allowed; use 1-128 letters, digits, '.', '_', ':' "
@@ -107,7 +109,7 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
                               "-debug", "-flushall", "-flushdb"))
     if role == "api":
         return AclUser(name, (*base, "~*", "&*", "+@all", *_NEVER))
-    return AclUser(name, (*base, *agent_keys(check_node_id(node_id or ""), prefix),
+    return AclUser(name, (*base, *agent_keys(node_id or "", prefix),
                           "&*", "-@all", "+@read", "+@write", "+@scripting", "+@transaction",
                           "+@connection", "+@pubsub", "+@keyspace", "+@fast", *_NEVER,
                           "-publish", "-keys", "-scan", "-randomkey", "-rename",
@@ -122,10 +124,11 @@ def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     reports = [f"{p}job:*", f"{p}jobs:*", f"{p}ver:*", f"{p}reasons", f"{p}leader",
                f"{p}logs:*", f"{p}usage", f"{p}runtimes"]
     queue = [f"node.{node_id}", f"node.{node_id}{PRIORITY_SEP}*"]
-    celery = [*KOMBU_KEYS, "*reply.celery.pidbox"]
+    # the agent's Celery worker's remote-control queue (hostname agent@<id>), and replies
+    celery = [*KOMBU_KEYS, f"agent@{node_id}.celery.pidbox*", "*reply.celery.pidbox*"]
     # (node ids hold no glob characters: check_node_id)
     rules = [f"~{k}" for k in (*own, *reports, *CYCLE_KEYS, *queue, *celery)]
-    return [*rules, "%W~node.*", f"%R~{p}*"]
+    return [*rules, "%W~node.*", f"%R~{p}node:*", f"%R~{p}archive"]
 
 
 # -- applying ---------------------------------------------------------------------------------

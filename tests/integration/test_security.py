@@ -1,0 +1,246 @@
+"""Redis locked down, on a real redis-server (7.0+, TLS): a scheduler and an agent, each with
+its own ACL user (broker/security/acl.py), run a job over TLS; the agent's user is refused
+everything outside its node; a wrong password is one clear line; and no secret planted in
+the processes' environments reaches a log file, the CLI's output or the job's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.client import Client
+from broker.security import acl
+from broker.state import JobState
+from tests.conftest import free_port, redis_answers
+from tests.integration.harness import wait_until
+from tests.integration.tls_certs import Certs, make_certs
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"SPILLWAY_HEARTBEAT_S": "0.5", "SPILLWAY_LEASE_TTL_S": "1.5",
+        "SPILLWAY_RECONCILE_S": "0.25", "SPILLWAY_CYCLE_S": "0.5", "SPILLWAY_GRACE_S": "2",
+        "SPILLWAY_METRICS_PORT": "0", "SPILLWAY_AGENT_METRICS_PORT": "0"}
+#: Secrets planted in every process's environment; none may show up anywhere.
+PLANTED = {"AWS_SECRET_ACCESS_KEY": "PLANTED-aws-" + uuid.uuid4().hex,
+           "SPILLWAY_TOKEN": "PLANTED-token-" + uuid.uuid4().hex,
+           "HF_TOKEN": "PLANTED-hf-" + uuid.uuid4().hex,
+           "SPILLWAY_METRICS_TOKEN": "PLANTED-metrics-" + uuid.uuid4().hex}
+
+
+def _redis_server() -> str | None:
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(binary):
+        return None
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"v=(\d+)\.", version)
+    return binary if m and int(m.group(1)) >= 7 else None  # (%R~ key rules: Redis 7)
+
+
+@dataclass
+class Server:
+    plain_port: int
+    tls_port: int
+    admin_password: str
+    certs: Certs
+    dir: Path
+
+    @property
+    def admin(self) -> redis.Redis:
+        return redis.Redis(port=self.plain_port, password=self.admin_password)
+
+    def tls_url(self, user: str, password: str, client_cert: bool = False) -> str:
+        query = f"ssl_ca_certs={self.certs.ca}&ssl_cert_reqs=required"
+        if client_cert:
+            query += f"&ssl_certfile={self.certs.client_cert}&ssl_keyfile={self.certs.client_key}"
+        return acl.url_for(f"rediss://127.0.0.1:{self.tls_port}/0?{query}", user, password)
+
+    def user(self, role: str, node: str | None = None, tls: bool = True) -> tuple[str, str]:
+        """Create the role's user; its URL and password."""
+        spec = acl.user_for(role, node)
+        password = acl.new_password()
+        acl.setuser(self.admin, spec, password)
+        url = (self.tls_url(spec.name, password, client_cert=role == "agent") if tls else
+               acl.url_for(f"redis://127.0.0.1:{self.plain_port}/0", spec.name, password))
+        return url, password
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    binary = _redis_server()
+    if binary is None:
+        pytest.skip("needs redis-server 7 or later")
+    tmp = tmp_path_factory.mktemp("secure-redis")
+    certs = make_certs(tmp)
+    s = Server(free_port(), free_port(), acl.new_password(), certs, tmp)
+    (tmp / "redis.conf").write_text(  # (the admin password in a file, not on argv)
+        f"port {s.plain_port}\nbind 127.0.0.1\ntls-port {s.tls_port}\n"
+        f"tls-cert-file {certs.server_cert}\ntls-key-file {certs.server_key}\n"
+        f"tls-ca-cert-file {certs.ca}\ntls-auth-clients optional\n"
+        f"requirepass {s.admin_password}\nsave \"\"\nappendonly no\ndir {tmp}\n")
+    proc = subprocess.Popen([binary, str(tmp / "redis.conf")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = f"redis://:{s.admin_password}@127.0.0.1:{s.plain_port}/0"
+        wait_until(lambda: redis_answers(url), 10, "redis-server to answer")
+        tls = redis.Redis.from_url(s.tls_url("default", s.admin_password))
+        try:
+            tls.ping()
+        except redis.ConnectionError as e:
+            pytest.skip(f"this redis-server has no TLS ({e})")
+        finally:
+            tls.close()
+        yield s
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def env_with(url: str, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SPILLWAY_") and k != "REDIS_URL"}
+    env.update(FAST)
+    env.update(PLANTED, SPILLWAY_REDIS_URL=url, HOME=str(tmp / "home"), COLUMNS="200",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def cli(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "broker.cli", *args], env=env_with(url, tmp),
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
+        server: Server, tmp_path: Path) -> None:
+    admin = server.admin
+    admin.flushall()
+    admin.acl_log_reset()
+    node = f"sec-{uuid.uuid4().hex[:6]}"
+    sched_url, sched_pw = server.user("scheduler")
+    api_url, api_pw = server.user("api")
+    agent_url, agent_pw = server.user("agent", node)
+    secrets = {server.admin_password, sched_pw, api_pw, agent_pw, *PLANTED.values()}
+    logs = {"scheduler": tmp_path / "scheduler.log", "agent": tmp_path / "agent.log"}
+    procs = []
+    try:
+        for name, url, args in (
+                ("scheduler", sched_url, ["scheduler"]),
+                ("agent", agent_url, ["worker", "--node-id", node, "--gpus", "1xA100-80GB",
+                                      "--cpus", "2", "--memory", "4", "--work-dir",
+                                      str(tmp_path / "work")])):
+            with open(logs[name], "ab") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "broker.cli", *args], env=env_with(url, tmp_path),
+                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
+        with Client(api_url) as client:
+            wait_until(lambda: any(n.id == node for n in client.nodes())
+                       or any(p.poll() is not None for p in procs), 60, "the agent to register")
+            assert all(p.poll() is None for p in procs), logs["agent"].read_text()
+            job = client.submit(command="env; echo secure-done", gpus=1)
+            done = client.wait(job.id, timeout=60)
+            assert done.state is JobState.SUCCEEDED, done
+            job_out = "\n".join(x.text for x in client.logs(job.id))
+        assert "secure-done" in job_out and "CUDA_VISIBLE_DEVICES=" in job_out, job_out
+
+        # the agent needed nothing its rules do not grant: the server logged no refusal
+        assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
+                                       for e in admin.acl_log()]
+
+        # everything a user or operator sees, and every file the run wrote
+        seen = {"job output": job_out}
+        for args in (["show", job.id], ["show", job.id, "--json"], ["queue", "--all", "--json"],
+                     ["logs", job.id], ["nodes"]):
+            done_cli = cli(api_url, tmp_path, *args)
+            assert done_cli.returncode == 0, done_cli.stderr
+            seen[" ".join(args)] = done_cli.stdout + done_cli.stderr
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+        for path in tmp_path.rglob("*"):
+            if path.is_file() and path.suffix in (".log", ".out", ".err", ".txt", ""):
+                seen[str(path)] = path.read_text(errors="replace")
+        assert any("scheduler" in k for k in seen) and any("agent.log" in k for k in seen)
+        leaks = [(where, s[:12]) for where, text in seen.items() for s in secrets if s in text]
+        assert leaks == [], leaks
+
+        # the agent's user: refused outside its node (NOPERM), one clear CLI line
+        agent = redis.Redis.from_url(agent_url)
+        other = f"{node}-other"
+        for refused in (lambda: agent.hset(f"sw:node:{other}", "state", "DOWN"),
+                        lambda: agent.delete(f"sw:node:{other}"),
+                        lambda: agent.hset(f"sw:inst:{other}", "doc", "{}"),
+                        lambda: agent.set("sw:offers", "[]"),
+                        lambda: agent.hset("sw:tokens", "x", "{}"),
+                        lambda: agent.hset("sw:archive", "x", "y"),
+                        lambda: agent.incr("sw:leader:epoch"),
+                        lambda: agent.lrange(f"node.{other}", 0, -1),
+                        lambda: agent.flushall(),
+                        lambda: agent.config_get("*"),
+                        lambda: agent.execute_command("ACL", "SETUSER", "x", "on", "~*"),
+                        lambda: agent.keys("*")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                refused()
+        agent.close()
+        as_agent = cli(agent_url, tmp_path, "submit", "--gpus", "1", "--", "true")
+        assert as_agent.returncode == 1, as_agent.stdout + as_agent.stderr
+        text = as_agent.stdout + as_agent.stderr
+        assert "refused" in text and "Traceback" not in text, text
+        assert agent_pw not in text
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        from workers.procs import kill_leftovers
+
+        kill_leftovers(node)
+
+
+def test_a_wrong_password_is_one_clear_line_not_a_retry_loop(server: Server,
+                                                             tmp_path: Path) -> None:
+    url, password = server.user("api", tls=False)
+    wrong = url.replace(password, "not-the-password")
+    for args in (["queue"], ["worker", "--node-id", "nope", "--gpus", "1xA100-80GB"]):
+        done = cli(wrong, tmp_path, *args)
+        text = done.stdout + done.stderr
+        assert done.returncode == 1, text
+        assert "refused the connection" in text and "password" in text, text
+        assert "Traceback" not in text and "not-the-password" not in text, text
+        assert "retrying" not in text, text
+
+
+def test_the_printed_rules_are_the_applied_ones_and_carry_no_password(
+        server: Server, tmp_path: Path) -> None:
+    url, _ = server.user("scheduler", tls=False)
+    pw_file = tmp_path / "agent.password"
+    printed = cli(url, tmp_path, "redis", "acl", "--node", "n7", "--password-file",
+                  str(pw_file))
+    assert printed.returncode == 0, printed.stderr
+    password = pw_file.read_text().strip()
+    assert oct(pw_file.stat().st_mode & 0o777) == "0o600"
+    assert password not in printed.stdout and "#" in printed.stdout
+    url_file = tmp_path / "agent.url"
+    applied = cli(url, tmp_path, "redis", "acl", "--node", "n7", "--password-file",
+                  str(pw_file), "--apply", "--url-file", str(url_file))
+    assert applied.returncode == 0, applied.stderr
+    assert password not in applied.stdout + applied.stderr
+    agent = redis.Redis.from_url(url_file.read_text().strip())
+    agent.hset("sw:node:n7", "state", "READY")  # its own node
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        agent.hset("sw:node:n8", "state", "READY")
+    agent.close()
+    bad = cli(url, tmp_path, "redis", "acl", "--node", "n*")
+    assert bad.returncode == 1 and "node id 'n*'" in bad.stdout + bad.stderr
