@@ -139,10 +139,10 @@ def split(price_per_hour: float, gpus: int, a: float, b: float, uses: Sequence[U
     teams = sorted(set(used) | set(weights))
     parts = []
     for t in teams:
-        u = used.get(t, 0.0)
-        i = idle * weights.get(t, 0.0) / wsum
-        if u or i:
-            parts.append(Part(t, cost * (u + i) / whole, u, i, site, day))
+        held_s = used.get(t, 0.0)
+        idle_s = idle * weights.get(t, 0.0) / wsum
+        if held_s or idle_s:
+            parts.append(Part(t, cost * (held_s + idle_s) / whole, held_s, idle_s, site, day))
     return parts
 
 

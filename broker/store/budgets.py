@@ -194,7 +194,7 @@ class BudgetBook(ABC):
         """Release what is left of ``key``'s reservations; mark it settled (idempotent)."""
 
     @abstractmethod
-    def settled(self) -> set[str]:
+    def settled(self) -> frozenset[str]:
         """The instance keys settled."""
 
     @abstractmethod

@@ -118,8 +118,8 @@ class MemoryBudgets(BudgetBook):
                 b.reserved[r.team] = b.reserved.get(r.team, 0.0) - r.left
             b.done.add(key)
 
-    def settled(self) -> set[str]:
-        return set(self._b.done)
+    def settled(self) -> frozenset[str]:
+        return frozenset(self._b.done)
 
     def charged_upto(self, key: str) -> int | None:
         return -1 if key in self._b.done else self._b.mark.get(key)

@@ -128,8 +128,8 @@ class RedisBudgets(BudgetBook):
                   if _s(f).rpartition("|")[0] == key]
         self._settle(keys=[self.k_reserved, self.k_res, self.k_done], args=[key, *fields])
 
-    def settled(self) -> set[str]:
-        return {_s(k) for k in self.r.smembers(self.k_done)}
+    def settled(self) -> frozenset[str]:
+        return frozenset(_s(k) for k in self.r.smembers(self.k_done))
 
     def charged_upto(self, key: str) -> int | None:
         pipe = self.r.pipeline(transaction=False)
