@@ -9,6 +9,7 @@ library only (http.client): researchers need no extra package to talk to the API
 
 from __future__ import annotations
 
+import builtins
 import http.client
 import ipaddress
 import json
@@ -188,7 +189,8 @@ class Remote:
         return Job.from_dict(self.call("POST", "/v1/jobs", {
             "spec": self._spec(data), "hold_if_infeasible": hold}))
 
-    def submit_many(self, datas: Sequence[Mapping[str, Any]], hold: bool | None) -> list[Job]:
+    def submit_many(self, datas: Sequence[Mapping[str, Any]], hold: bool | None
+                    ) -> builtins.list[Job]:
         if not datas:
             return []
         return [Job.from_dict(d) for d in self.call("POST", "/v1/jobs/batch", {
@@ -202,7 +204,7 @@ class Remote:
         return Job.from_dict(self.call("GET", self._job(job_id)))
 
     def list(self, states: set[JobState] | None, team: str | None, priority: str | None,
-             limit: int | None, skip: int) -> list[Job]:
+             limit: int | None, skip: int) -> builtins.list[Job]:
         query = {"state": ",".join(sorted(s.value for s in states)) if states else None,
                  "team": team, "priority": priority, "limit": limit, "skip": skip or None}
         q = urlencode({k: v for k, v in query.items() if v is not None})
@@ -263,10 +265,13 @@ class Remote:
             policy=d["policy"], team_usage_gpu_s=d["team_usage_gpu_s"],
             reservation=d["reservation"], blocked_by=d["blocked_by"])
 
-    def nodes(self) -> list[NodeView]:
+    def nodes(self) -> builtins.list[NodeView]:
         fields = NodeView.__dataclass_fields__
-        return [NodeView(**{k: tuple(v) if k == "jobs" else v for k, v in d.items()
-                            if k in fields}) for d in self.call("GET", "/v1/nodes")]
+        views = []
+        for d in self.call("GET", "/v1/nodes"):
+            kept: dict[str, Any] = {k: v for k, v in d.items() if k in fields}
+            views.append(NodeView(**{**kept, "jobs": tuple(kept.get("jobs", ()))}))
+        return views
 
     def node_state(self, node_id: str, action: str) -> Node:
         return Node.from_dict(self.call("POST", f"/v1/nodes/{quote(node_id, safe='')}/{action}"))
