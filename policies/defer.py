@@ -105,6 +105,8 @@ def plan(forecast: Steps, now: float, work_s: float, latest_end: float, start_by
     last_start = min(slots - k, math.floor((start_by - now) / step + 1e-9))
     if slots < k or last_start < 0:
         return None  # it cannot finish in time even now: run as soon as possible
+    if last_start == 0 and (not interruptible or slots == k):
+        return None  # it must run now, without a pause
     if not interruptible:
         slots = last_start + k  # (no need to look further than its last start allows)
     pad = max(0, smooth // 2)
