@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.config import CLUSTER_CONFIG_KEYS, Config
+from broker.energy_sim import RunPiece, SimEnergy
 from broker.errors import ConfigError
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
@@ -76,14 +77,19 @@ class _Run:
     killed: bool  # ends at its time limit, not on its own
     gpus: int
     nodes: tuple[str, ...] = ()
+    model: str = ""  # the GPU model and the site it runs on (carbon and cost accounting)
+    site: str = "onprem"
 
 
 class Simulation:
     def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
                  *, config: Config | None = None, stop_delay_s: float = 30.0,
                  check_invariants: bool = True, progress: ProgressFn | None = None,
-                 progress_every_s: float = PROGRESS_EVERY_S, seed: int = 0) -> None:
+                 progress_every_s: float = PROGRESS_EVERY_S, seed: int = 0,
+                 energy: SimEnergy | None = None) -> None:
         self.cluster, self.trace = cluster, trace
+        self.energy = energy  # carbon_kg and cost_per_gpu_hour (None: not computed)
+        self.pieces: list[RunPiece] = []  # every run that ended, for the accounting
         self.progress, self.progress_every_s = progress, progress_every_s
         self.arrived = 0
         self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
@@ -210,6 +216,9 @@ class Simulation:
 
         extra = self.cloud.metrics(self.samples[-1].t if self.samples else 0.0) \
             if self.cloud is not None else {}
+        if self.energy is not None:
+            extra = {**extra, **self.energy.metrics(self.pieces,
+                                                    extra.get("cloud_cost_usd") or 0.0)}
         result = SimResult(self.policy.name, self.cluster.capacity_gpus,
                            list(self.records.values()), self.samples,
                            meta={"trace": self.trace.name, "cluster": self.cluster.name,
@@ -279,7 +288,8 @@ class Simulation:
         killed = need > limit
         end = now + (limit if killed else need)
         self.runs[job.id] = _Run(job.attempt, now, end, rate, killed, job.res.total_gpus,
-                                 job.node_ids)
+                                 job.node_ids, model,
+                                 self.node_by_id[job.allocations[0].node_id].site)
         if self.cloud is not None:
             self.cloud.moved(self.runs[job.id], +1, now)
         self._push(end, END, job.id, job.attempt)
@@ -301,6 +311,7 @@ class Simulation:
         if run is None or run.attempt != attempt or run.end_at != now:
             return  # this attempt was preempted and has already gone
         del self.runs[job_id]
+        self.pieces.append(RunPiece(run.started, now, run.gpus, run.model, run.site))
         code, why = (1, "TimeLimit") if run.killed else (0, "Exited")
         job = self.store.get(job_id)
         for a in job.allocations:
@@ -319,6 +330,7 @@ class Simulation:
         run = self.runs.pop(job_id, None)
         if run is None or run.attempt != attempt:
             return
+        self.pieces.append(RunPiece(run.started, now, run.gpus, run.model, run.site))
         job = self.store.get(job_id)
         stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
         sigterm = stop.time if stop is not None else now

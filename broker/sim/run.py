@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.energy_sim import SimEnergy
 from broker.errors import ConfigError
 from broker.model import parse_time
 from broker.sim.cluster import DEFAULT_CLUSTER, Cluster, load_cluster
@@ -35,6 +36,7 @@ class SimRequest:
     target_load: float | None = None  # or: scale so offered load = this x capacity
     seed: int = 0
     check: bool = True
+    carbon: bool = True  # carbon_kg and cost_per_gpu_hour (broker/energy_sim.py)
 
 
 def _time(value: str | None, what: str) -> float | None:
@@ -91,8 +93,10 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
 def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str, Any]],
          progress: ProgressFn | None = None) -> SimResult:
     cluster, trace, meta = prepared
+    energy = SimEnergy.for_trace(trace.origin) if req.carbon else None
     result = Simulation(cluster, trace, bundle(policy, cluster.policies),
-                        check_invariants=req.check, progress=progress, seed=req.seed).run()
+                        check_invariants=req.check, progress=progress, seed=req.seed,
+                        energy=energy).run()
     result.meta = {**result.meta, **meta, "trace_origin": trace.origin,
                    "last_submit_s": trace.jobs[-1].submit_s if trace.jobs else 0.0}
     result.metrics["meta"] = result.meta
