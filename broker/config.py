@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from broker.cloud_settings import parse_providers
+from broker.energy_settings import CarbonSettings, EnergySettings, parse_carbon, parse_energy
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
 
@@ -105,6 +106,10 @@ class Config:
     # broker.cloud_settings.ProviderSettings (none configured: a plan's cloud work is refused)
     cluster_name: str = "spillway"  # tags every cloud machine; machines tagged with it and
     # unknown to the store are reaped as orphans, so clusters sharing an account differ
+    energy: EnergySettings = field(default_factory=EnergySettings)  # the energy model and
+    # the on-prem sites' carbon zone, PUE, price and electricity tariff (docs/carbon.md)
+    carbon: CarbonSettings = field(default_factory=CarbonSettings)  # the carbon-intensity
+    # source (csv, electricitymaps, watttime, uk-carbon-intensity, carbon-aware-sdk)
     extra: Mapping[str, Any] = field(default_factory=dict)  # unused: an unknown key is an error
 
     def team(self, name: str) -> Team:
@@ -201,8 +206,9 @@ def _definitions() -> dict[str, Any]:
         name: (kind | None if name == "redis_url" else kind, Field(defaults[name], **limits))
         for name, (kind, limits, _) in _RULES.items()}
     out["providers"] = (dict[str, Any], Field(default_factory=dict))
-    for name in ("classes", "teams", "policies", "policy_settings"):
-        out[name] = (Any, None)  # checked by parse_classes, parse_teams and check_config
+    for name in ("classes", "teams", "policies", "policy_settings", "energy", "carbon"):
+        out[name] = (Any, None)  # checked by parse_classes, parse_teams, check_config,
+        # parse_energy and parse_carbon
     return out
 
 
@@ -369,6 +375,10 @@ def load_config(
             changes["teams"] = parse_teams(changes["teams"])
         if "providers" in changes:
             changes["providers"] = parse_providers(changes["providers"])
+        if "energy" in changes:
+            changes["energy"] = parse_energy(changes["energy"])
+        if "carbon" in changes:
+            changes["carbon"] = parse_carbon(changes["carbon"])
         cfg = replace(cfg, **changes)
         if "policy_settings" in changes and not isinstance(cfg.policy_settings, Mapping):
             raise ConfigError("config policy_settings: must be a mapping of policy name to its "

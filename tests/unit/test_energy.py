@@ -116,3 +116,19 @@ def test_energy_and_carbon_sections(tmp_path: Path) -> None:
             continue
         with pytest.raises(ConfigError, match=message):
             parse_carbon(raw)
+
+
+def test_the_configuration_file_takes_both_sections(tmp_path: Path) -> None:
+    from broker.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("energy:\n  sites:\n    onprem: {carbon_zone: DE, pue: 1.2}\n"
+                    "carbon:\n  source: electricitymaps\n  token: abc\n  timeout_s: 3\n")
+    cfg = load_config(path, env={})
+    assert cfg.energy.zones() == {"onprem": "DE"} and cfg.energy.model.site_pue("onprem") == 1.2
+    assert cfg.carbon.source == "electricitymaps" and cfg.carbon.timeout_s == 3.0
+    assert load_config(None, env={}).carbon.source == ""  # none configured
+    path.write_text("energy:\n  sites:\n    onprem: {carbon_zon: DE}\n")
+    with pytest.raises(ConfigError, match=r"config energy.sites.onprem.carbon_zon: not a setting; did "
+                                           r"you mean carbon_zone"):
+        load_config(path, env={})
