@@ -34,6 +34,7 @@ class EvictionKind(str, Enum):
     RELIEF = "relief"  # a short job starved far past its runtime needed its GPUs
     SPOT = "spot"  # the cloud is reclaiming its spot instance (an interruption notice)
     BUDGET = "budget"  # its team's hard budget ran out
+    CARBON = "carbon"  # a checkpointed deferrable job pauses through a dirty-power peak
 
     def __str__(self) -> str:
         return self.value

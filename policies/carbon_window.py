@@ -19,6 +19,7 @@ for each job alone is the best for all.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -35,6 +36,9 @@ def slot_means(steps: Steps, start: float, slots: int, step: float) -> list[floa
         return []
     if not steps:
         raise ValueError("a forecast needs at least one (time, intensity) step")
+    fast = _aligned(steps, start, slots, step)
+    if fast is not None:
+        return fast
     out: list[float] = []
     i, n = 0, len(steps)
     for s in range(slots):
@@ -50,6 +54,19 @@ def slot_means(steps: Steps, start: float, slots: int, step: float) -> list[floa
             j += 1
         out.append(total / step)
     return out
+
+
+def _aligned(steps: Steps, start: float, slots: int, step: float) -> list[float] | None:
+    """The slot means when the forecast's steps are the slots themselves (the usual case:
+    a half-hourly forecast and half-hour slots from a step's time), else None."""
+    i = bisect.bisect_left(steps, start, key=lambda s: s[0]) if steps[0][0] <= start else -1
+    if i < 0 or i + slots > len(steps) or steps[i][0] != start:
+        return None
+    if any(steps[i + s][0] != start + s * step for s in range(1, slots)):
+        return None
+    if i + slots < len(steps) and steps[i + slots][0] < start + slots * step:
+        return None  # (a finer step right after the window would not matter; be strict)
+    return [float(g) for _, g in steps[i:i + slots]]
 
 
 def slots_for(seconds: float, step: float) -> int:

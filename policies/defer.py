@@ -16,7 +16,10 @@ Carbon-aware temporal shifting after "Let's Wait Awhile" (Wiesner et al., Middle
   between them (:mod:`policies.carbon_window`);
 - if that stretch (or its first slot) is not now, and it saves at least ``min_saving`` of the
   forecast emissions of running now, the job waits: the cycle drops its start, its reason is
-  ``DeferredForCarbon`` with the time it will start, and the cycle's ``wake_at`` is that time.
+  ``DeferredForCarbon`` with the time it will start, and the cycle's ``wake_at`` is that time;
+- a running checkpointed job whose plan pauses now is stopped (eviction kind ``carbon``: it
+  checkpoints and comes back pending, then waits as above); one that runs now and pauses later
+  sets ``wake_at`` to the end of its run. Work done counts from its attempts' run times.
 
 A job whose deadline cannot be met even now, whose zone has no forecast, or that is neither
 deadline-bound nor flexible, starts as the earlier phases decided. The decision is the same on
@@ -25,8 +28,10 @@ the best rest of a best plan is the same plan), so it never flip-flops.
 
 Settings (``policy_settings: {carbon: {...}}``): ``step_s`` the slot length (1800: the
 half-hour steps of the grids' data), ``min_saving`` the share of forecast emissions a wait must
-save (0: any saving), ``forecast_error`` the relative error of the forecasts the snapshot
-carries (0: taken as exact; above 0: slots are ranked on a 3-slot average, see :func:`plan`).
+save (0: any saving), ``min_pause_s`` the shortest wait or pause worth it (0; raise it to
+cover a checkpoint and a restart), ``forecast_error`` the relative error of the forecasts the
+snapshot carries (0: taken as exact; above 0: slots are ranked on a 3-slot average, see
+:func:`plan`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import math
 from dataclasses import dataclass
 
 from broker.model import Job, Reason
-from broker.plan import Snapshot
+from broker.plan import Preempt, Snapshot
+from broker.state import EvictionKind, JobState
 from policies import reasons
 from policies.carbon_window import (
     Steps,
@@ -51,7 +57,8 @@ from policies.cycle import Cycle
 from policies.registry import register
 
 CODE = reasons.DEFERRED_FOR_CARBON
-CARBON_DEFAULTS = {"step_s": 1800.0, "min_saving": 0.0, "forecast_error": 0.0}
+CARBON_DEFAULTS = {"step_s": 1800.0, "min_saving": 0.0, "min_pause_s": 0.0,
+                   "forecast_error": 0.0}
 
 
 def smoothing_for(forecast_error: float) -> int:
@@ -133,14 +140,23 @@ def deferrable(snap: Snapshot, job: Job) -> bool:
     return cls is not None and cls.flexible
 
 
-def window(snap: Snapshot, job: Job, now: float, work_s: float) -> tuple[float, float]:
-    """(latest end, latest start) of a deferrable job: its deadline, its class SLA."""
+def done_s(job: Job, now: float) -> float:
+    """Seconds the job has run so far, over all its attempts (a checkpointed job resumes)."""
+    return sum((now if a.ended_at is None else a.ended_at) - a.started_at
+               for a in job.attempts if a.started_at <= now)
+
+
+def window(snap: Snapshot, job: Job, now: float, work_s: float, left_s: float
+           ) -> tuple[float, float]:
+    """(latest end, latest start) of a deferrable job with ``left_s`` of its ``work_s`` to
+    go: its deadline, and (until it first starts) its class SLA."""
     cls = snap.class_by_name.get(job.priority)
     sla_start = job.submitted_at + cls.sla_s if cls is not None else now
     deadline = job.spec.deadline
-    if deadline is None:
-        return sla_start + work_s, sla_start
-    return deadline, min(sla_start, deadline - work_s)
+    latest_end = sla_start + work_s if deadline is None else deadline
+    if job.attempts:  # it started once: the SLA is met, only the end bounds it
+        return latest_end, latest_end - left_s
+    return latest_end, min(sla_start, latest_end - left_s)
 
 
 def zone_of(snap: Snapshot, node_id: str) -> str:
@@ -170,7 +186,8 @@ def reason(d: Deferral, zone: str, deadline: float | None) -> Reason:
 
 
 def decide(cycle: Cycle, job: Job, node_id: str) -> tuple[Deferral, str] | None:
-    """The deferral of a job the cycle placed on ``node_id``, or None to let it start."""
+    """The plan of a deferrable job on ``node_id`` (placed this cycle, or running there),
+    with its zone; None when it has no choice or no forecast."""
     snap = cycle.snap
     if not deferrable(snap, job):
         return None
@@ -181,32 +198,71 @@ def decide(cycle: Cycle, job: Job, node_id: str) -> tuple[Deferral, str] | None:
     settings = cycle.settings("carbon")
     step = max(60.0, float(settings["step_s"]))
     work = cycle.estimate(job)
-    latest_end, start_by = window(snap, job, cycle.now, work)
-    d = plan(forecast, cycle.now, work, latest_end, start_by,
+    left = max(1.0, work - done_s(job, cycle.now))
+    latest_end, start_by = window(snap, job, cycle.now, work, left)
+    d = plan(forecast, cycle.now, left, latest_end, start_by,
              interruptible=bool(job.spec.checkpoint_dir), step=step,
              smooth=smoothing_for(float(settings["forecast_error"])))
-    if d is None or not d.waits or d.saving < float(settings["min_saving"]):
-        return None
-    return d, zone
+    return None if d is None else (d, zone)
+
+
+def _worth_it(cycle: Cycle, d: Deferral) -> bool:
+    settings = cycle.settings("carbon")
+    return (d.waits and d.saving >= float(settings["min_saving"])
+            and d.start_at - d.now >= float(settings["min_pause_s"]))
+
+
+def _wake(cycle: Cycle, t: float) -> None:
+    cycle.wake_at = t if cycle.wake_at is None else min(cycle.wake_at, t)
 
 
 @register("defer", "carbon", settings=CARBON_DEFAULTS)
 def carbon_defer(cycle: Cycle) -> None:
     """Drop the starts of deferrable jobs that a cleaner window within their deadline awaits;
     they stay pending with ``DeferredForCarbon`` and the cycle wakes when the first is due."""
-    if not cycle.snap.carbon_forecast or not cycle.starts:
+    if not cycle.snap.carbon_forecast:
         return
     by_id = {job.id: job for job, _ in cycle.started}
     keep = []
     for start, started in zip(cycle.starts, cycle.started):
         job = by_id[start.job_id]
         found = decide(cycle, job, start.allocations[0].node_id) if start.allocations else None
-        if found is None:
+        if found is None or not _worth_it(cycle, found[0]):
             keep.append((start, started))
+            if found is not None:
+                _wake_to_pause(cycle, found[0])
             continue
         d, zone = found
         cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
-        cycle.wake_at = d.start_at if cycle.wake_at is None else min(cycle.wake_at, d.start_at)
+        _wake(cycle, d.start_at)
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]
+    _pause_running(cycle)
+
+
+def _wake_to_pause(cycle: Cycle, d: Deferral) -> None:
+    """A job that runs now but will pause later: wake the cycle when its run ends."""
+    if len(d.runs) > 1:
+        _wake(cycle, d.runs[0][1])
+
+
+def _pause_running(cycle: Cycle) -> None:
+    """Checkpointed deferrable jobs whose plan pauses now through a dirty peak are stopped
+    (they checkpoint and come back pending, ``DeferredForCarbon`` until their next run)."""
+    leaving = {p.job_id for p in cycle.evictions}
+    for job in cycle.snap.active:
+        if (job.state is not JobState.RUNNING or not job.spec.checkpoint_dir
+                or job.id in leaving or not job.allocations):
+            continue
+        found = decide(cycle, job, job.allocations[0].node_id)
+        if found is None:
+            continue
+        d, zone = found
+        if not _worth_it(cycle, d):
+            _wake_to_pause(cycle, d)
+            continue
+        cycle.evictions.append(Preempt(
+            job.id, job.attempt, f"pausing for cleaner power in {zone} until "
+            f"{_when(d.start_at, d.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
+        _wake(cycle, d.start_at)
