@@ -129,6 +129,6 @@ def test_the_configuration_file_takes_both_sections(tmp_path: Path) -> None:
     assert cfg.carbon.source == "electricitymaps" and cfg.carbon.timeout_s == 3.0
     assert load_config(None, env={}).carbon.source == ""  # none configured
     path.write_text("energy:\n  sites:\n    onprem: {carbon_zon: DE}\n")
-    with pytest.raises(ConfigError, match=r"config energy.sites.onprem.carbon_zon: not a setting; did "
-                                           r"you mean carbon_zone"):
+    with pytest.raises(ConfigError, match=r"energy.sites.onprem.carbon_zon: not a setting; "
+                                          r"did you mean carbon_zone"):
         load_config(path, env={})
