@@ -28,6 +28,8 @@ from broker.lifecycle import IDLE_DRAIN, RESEND_AFTER_S, Step, Timeouts, decide
 from broker.model import Instance, InstanceState, Job, Node, NodeState, Offer
 from broker.model.fit import could_hold, site_allows
 from broker.runtime import Runtime
+from broker.security import cloud_agent
+from broker.security.acl import AclError
 from broker.state import JobState
 from broker.store.budgets import budget_book
 from broker.store.instances import block_key_of, request_ids
@@ -146,12 +148,20 @@ class Provisioner:
         offer = self.find_offer(inst.offer_id)
         if offer is None:
             raise Stop(inst.provider, f"offer {inst.offer_id} is not offered", code="no-offer")
-        user_data = render(offer, cfg.kind, cfg.broker_url or self.rt.redis_url,
-                           inst.request_id, cfg.install, cfg.worker)
+        try:  # the machine's own Redis user, never ours (broker/security/cloud_agent.py)
+            join = cloud_agent.prepare(self.rt, cfg.kind, cfg.broker_url, inst.request_id)
+        except (AclError, OSError) as e:
+            raise Stop(inst.provider, f"cannot make the machine's Redis credentials ({e}); "
+                       "give the provisioner a user with acl|setuser on Redis 7 (role "
+                       "scheduler), or set this provider's broker_url (docs/security.md)",
+                       code="agent-user") from None
+        user_data = render(offer, cfg.kind, join.url, inst.request_id, cfg.install,
+                           cfg.worker, ca_pem=join.ca_pem)
         machines = provider.launch(offer, 1, inst.request_id, user_data)
         if not machines:
             raise Retry(inst.provider, "the launch returned no machine", code="empty")
         m = machines[0]
+        join.finish(self.rt, m.provider_id)  # its agent's node id
         self.counts["launched"] += 1
         log.info("launched %s: %s (%s) for request %s", offer.id, m.provider_id,
                  m.native_state, inst.request_id)
@@ -224,6 +234,8 @@ class Provisioner:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
         done["forgotten"] += self._forget_nodes(records, nodes, now)
+        done["agent users dropped"] += cloud_agent.drop_ended(
+            self.rt, [r.request_id for r in records if not r.ended])
         acc = accrue_store(store, budget_book(store), now)  # the ledger (broker/ledger.py)
         done["settled"] += acc.settled
         done = +done  # (no zero counts)

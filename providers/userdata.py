@@ -59,7 +59,9 @@ def _secret_lines(broker_url: str, ca_pem: str, ca_path: str) -> tuple[list[str]
     lines: list[str] = []
     if ca_pem:  # (a certificate is public: no secret in it)
         sep = "&" if "?" in broker_url else "?"
-        broker_url = f"{broker_url}{sep}ssl_ca_certs={ca_path}&ssl_cert_reqs=required"
+        broker_url = f"{broker_url}{sep}ssl_ca_certs={ca_path}"
+        if "ssl_cert_reqs=" not in broker_url:
+            broker_url += "&ssl_cert_reqs=required"
         lines += [f"mkdir -p {shlex.quote(ca_path.rsplit('/', 1)[0] or '/')}",
                   f"cat > {shlex.quote(ca_path)} <<'SPILLWAY_CA'",
                   ca_pem.strip(), "SPILLWAY_CA"]

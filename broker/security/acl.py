@@ -1,4 +1,4 @@
-"""Redis ACL users for each Spillway component (Redis 6.2 or later; docs/security.md).
+"""Redis ACL users for each Spillway component (Redis 7 or later; docs/security.md).
 
 Roles, and what each may touch (``sw:`` is the store's key prefix, broker/store/redis.py):
 
@@ -105,7 +105,8 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
     base = ("reset", "on", "resetchannels")
     if role == "scheduler":
         return AclUser(name, (*base, "~*", "&*", "+@all", "-@admin", "+acl|setuser",
-                              "+acl|deluser", "+acl|getuser", "+acl|whoami", "-shutdown",
+                              "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|whoami",
+                              "+acl|log", "-shutdown",
                               "-debug", "-flushall", "-flushdb"))
     if role == "api":
         return AclUser(name, (*base, "~*", "&*", "+@all", *_NEVER))
@@ -147,7 +148,7 @@ def setuser(client: Any, user: AclUser, password: str) -> None:
         client.execute_command("ACL", "SETUSER", user.name, *user.with_password(password))
     except redis.ResponseError as e:
         raise AclError(f"Redis refused ACL SETUSER {user.name}: {e} (the connecting user "
-                       "needs the acl|setuser permission, and Redis 6.2 or later)") from None
+                       "needs the acl|setuser permission, and Redis 7 or later)") from None
 
 
 def deluser(client: Any, name: str) -> bool:

@@ -244,3 +244,50 @@ def test_the_printed_rules_are_the_applied_ones_and_carry_no_password(
     agent.close()
     bad = cli(url, tmp_path, "redis", "acl", "--node", "n*")
     assert bad.returncode == 1 and "node id 'n*'" in bad.stdout + bad.stderr
+
+
+def test_a_cloud_machine_joins_with_its_own_user_and_the_ca_never_the_provisioners(
+        server: Server, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from broker.model.cloud import Market, Offer
+    from broker.security import cloud_agent
+    from providers.userdata import render
+
+    prov_url, prov_pw = server.user("scheduler")  # rediss://, the CA a file of this machine
+    prov = redis.Redis.from_url(prov_url)
+    rt = SimpleNamespace(redis_url=prov_url, redis=prov)
+    join = cloud_agent.prepare(rt, "libcloud", "", "r-sec1")
+    assert join.user == "spillway-cloud-r-sec1" and prov_pw not in join.url
+    assert join.ca_pem == server.certs.ca.read_text()
+    offer = Offer("libcloud", "r1", "z1", "g4", "A100-40GB", 1, 40.0, Market.SPOT, 1.0,
+                  extra={"gpus": "1xA100-40GB"})
+    ca_path = tmp_path / "machine" / "ca.pem"
+    script = render(offer, "libcloud", join.url, "r-sec1", ca_pem=join.ca_pem,
+                    ca_path=str(ca_path),
+                    worker_command=f"{sys.executable} -c 'import json, os, sys; "
+                    f"json.dump([os.environ[\"SPILLWAY_REDIS_URL\"], sys.argv[1:]], "
+                    f"open(\"{tmp_path / 'seen.json'}\", \"w\"))'")
+    assert prov_pw not in script and server.admin_password not in script
+    (tmp_path / "boot.sh").write_text(script)
+    booted = subprocess.run(["/bin/sh", str(tmp_path / "boot.sh")], capture_output=True,
+                            text=True, timeout=30,
+                            env={**os.environ, "SPILLWAY_INSTANCE_ID": "i-sec1"})
+    assert booted.returncode == 0, booted.stderr
+    import json
+
+    url, argv = json.loads((tmp_path / "seen.json").read_text())
+    assert "--redis-url" not in argv and ca_path.read_text() == join.ca_pem
+    machine = redis.Redis.from_url(url)  # TLS, verified with the CA the script wrote
+    assert machine.ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):  # no rights before finish
+        machine.hset("sw:node:i-sec1", "state", "READY")
+    join.finish(rt, "i-sec1")
+    machine.hset("sw:node:i-sec1", "state", "READY")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        machine.hset("sw:node:i-sec2", "state", "READY")
+    machine.close()
+    assert cloud_agent.drop_ended(rt, ["r-other"]) == 1  # r-sec1 ended
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(url).ping()
+    prov.close()
