@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import math
 import os
 import time
 from collections import Counter
@@ -101,6 +102,18 @@ class Explanation:
             "history": [[h.state.value, h.time, h.reason, h.attempt] for h in self.history],
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Explanation:
+        """The inverse of :meth:`to_dict` (an API server's reply; ``sla_s`` None: no SLA)."""
+        return cls(**{
+            **{k: d[k] for k in cls.__dataclass_fields__ if k in d},
+            "state": JobState(d["state"]),
+            "sla_s": math.inf if d["sla_s"] is None else d["sla_s"],
+            "placement": tuple(Allocation(a["node_id"], tuple(a["gpu_ids"]), a["rank"])
+                               for a in d["placement"]),
+            "history": tuple(HistoryEntry(JobState(h[0]), h[1], h[2], h[3])
+                             for h in d["history"])})
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -141,6 +154,12 @@ class NodeView:
                 "instance_age_s": None if self.instance_age_s is None
                 else round(self.instance_age_s, 3)} if self.instance_id else {}),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NodeView:
+        """The inverse of :meth:`to_dict` (an API server's reply)."""
+        kept = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**{**kept, "jobs": tuple(kept.get("jobs", ()))})
 
 
 def resolve_url(redis_url: str | None, config: Config) -> str:
@@ -189,6 +208,10 @@ def submit_workdir(workdir: str | None) -> str | None:
     except OSError:  # the submit directory was removed: the agent picks one
         return workdir
     return os.path.normpath(os.path.join(here, workdir)) if workdir else here
+
+
+def _workdir_of(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, "workdir": submit_workdir(data.get("workdir"))}
 
 
 def _in_submit_dir(spec: JobSpec) -> JobSpec:
@@ -321,7 +344,7 @@ class Client:
         """Validate and queue one job; returns it PENDING. SpecError stores nothing, also when
         no registered node could ever hold the job (unless ``hold_if_infeasible``)."""
         if self._remote is not None:
-            return self._remote.submit(merged(spec, fields), hold_if_infeasible)
+            return self._remote.submit(_workdir_of(merged(spec, fields)), hold_if_infeasible)
         checked = self._spec(spec, fields)
         self._feasible([checked], hold_if_infeasible)
         job = self.store.submit(checked, now=time.time(), reason=self._by("Submitted"))
@@ -332,7 +355,8 @@ class Client:
                     hold_if_infeasible: bool | None = None) -> builtins.list[Job]:
         """Validate every spec, then queue them all in one write, or none of them."""
         if self._remote is not None:
-            return self._remote.submit_many([merged(s, {}) for s in specs], hold_if_infeasible)
+            return self._remote.submit_many([_workdir_of(merged(s, {})) for s in specs],
+                                            hold_if_infeasible)
         checked: builtins.list[JobSpec] = []
         problems: builtins.list[FieldError] = []
         for i, spec in enumerate(specs):
@@ -385,7 +409,10 @@ class Client:
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 0.2) -> Job:
         """Block until the job is SUCCEEDED, FAILED or CANCELLED; JobTimeout otherwise."""
         if self._remote is not None:
-            return self._remote.wait(job_id, timeout)
+            job, done = self._remote.wait(job_id, timeout)
+            if not done:
+                raise JobTimeout(job, timeout or 0.0)
+            return job
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.get(job_id)
@@ -429,7 +456,7 @@ class Client:
         reason and its place in the queue (both as the last cycle recorded them in the store),
         and how it ended if it did. Reads the store only; nothing is recomputed here."""
         if self._remote is not None:
-            return self._remote.explain(job_id)
+            return Explanation.from_dict(self._remote.explain(job_id))
         now = time.time()
         job = self.get(job_id)
         cls = self.config.priority(job.priority)
@@ -504,7 +531,7 @@ class Client:
     def nodes(self) -> builtins.list[NodeView]:
         """Every registered node with its GPUs (total and free, by kind) and running jobs."""
         if self._remote is not None:
-            return self._remote.nodes()
+            return [NodeView.from_dict(d) for d in self._remote.nodes()]
         now = time.time()
         nodes = self.store.nodes()
         held = self.store.allocations([n.id for n in nodes])

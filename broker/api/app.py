@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 import redis
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from broker.api import jobs, ops
+from broker.api.deps import ApiState
 from broker.client import Client
 from broker.config import Config, load_config
 from broker.errors import (
@@ -39,38 +38,12 @@ from broker.errors import (
     SpillwayError,
     StoreUnreachable,
 )
-from broker.tokens import RateLimited, Refused, TokenError, TokenRecord, TokenStore
+from broker.tokens import RateLimited, Refused, TokenError, TokenStore
 
 log = logging.getLogger("spillway.api")
 
 MAX_BODY = 1 << 20  # bytes; a batch of a thousand specs fits well within it
 API_VERSION = "1"
-
-
-@dataclass
-class ApiState:
-    """What every request shares: the client on Redis, the tokens, the submit limits."""
-
-    client: Client
-    tokens: TokenStore
-    submit_rate: float  # jobs a second, per token
-    submit_burst: int  # jobs at once, per token
-
-
-def state(request: Request) -> ApiState:
-    return request.app.state.api  # type: ignore[no-any-return]
-
-
-_bearer = HTTPBearer(auto_error=False, description="A token from `spillway token create`")
-
-
-def principal(request: Request,
-              creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> TokenRecord:
-    """The token's record; TokenError (401) when there is none or it is not valid."""
-    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-        raise TokenError("no token: send `Authorization: Bearer <token>` (the CLI reads "
-                         "SPILLWAY_TOKEN or SPILLWAY_TOKEN_FILE)")
-    return state(request).tokens.verify(creds.credentials, time.time())
 
 
 def _body(message: str, errors: list[FieldError] | tuple[FieldError, ...] = ()) -> dict[str, Any]:
@@ -179,8 +152,6 @@ class _TooLarge(Exception):
 
 def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50) -> FastAPI:
     """The API on ``client``'s cluster (a client on a ``redis://`` URL)."""
-    from broker.api import jobs, ops
-
     if client._remote is not None:
         raise ConfigError(f"the API server needs the cluster's Redis URL, not {client.redis_url}")
     if submit_rate <= 0 or submit_burst < 1:

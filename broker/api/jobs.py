@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.api import auth
-from broker.api.app import ApiState, principal, state
+from broker.api.deps import ApiState, principal, state
 from broker.client import parse_states
 from broker.errors import FieldError, SpecError
 from broker.model import Job, JobSpec

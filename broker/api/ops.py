@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.api import auth
-from broker.api.app import principal, state
+from broker.api.deps import principal, state
 from broker.tokens import TokenRecord
 
 router = APIRouter()

@@ -13,7 +13,6 @@ import builtins
 import http.client
 import ipaddress
 import json
-import math
 import os
 import ssl
 import stat
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from broker.client import Explanation, JobTimeout, NodeView, submit_workdir
 from broker.config import Config
 from broker.errors import (
     ConfigError,
@@ -35,7 +33,7 @@ from broker.errors import (
     SpecError,
     SpillwayError,
 )
-from broker.model import Allocation, HistoryEntry, Job, Node
+from broker.model import Job, Node
 from broker.state import JobState
 from broker.store.base import LogLine
 from broker.tokens import RateLimited, Refused, TokenError
@@ -181,20 +179,16 @@ class Remote:
 
     # -- the client's calls ----------------------------------------------------------------------
 
-    @staticmethod
-    def _spec(data: Mapping[str, Any]) -> dict[str, Any]:
-        return {**data, "workdir": submit_workdir(data.get("workdir"))}
-
     def submit(self, data: Mapping[str, Any], hold: bool | None) -> Job:
         return Job.from_dict(self.call("POST", "/v1/jobs", {
-            "spec": self._spec(data), "hold_if_infeasible": hold}))
+            "spec": dict(data), "hold_if_infeasible": hold}))
 
     def submit_many(self, datas: Sequence[Mapping[str, Any]], hold: bool | None
                     ) -> builtins.list[Job]:
         if not datas:
             return []
         return [Job.from_dict(d) for d in self.call("POST", "/v1/jobs/batch", {
-            "specs": [self._spec(d) for d in datas], "hold_if_infeasible": hold})]
+            "specs": [dict(d) for d in datas], "hold_if_infeasible": hold})]
 
     @staticmethod
     def _job(job_id: str, what: str = "") -> str:
@@ -213,17 +207,16 @@ class Remote:
     def cancel(self, job_id: str) -> Job:
         return Job.from_dict(self.call("POST", self._job(job_id, "/cancel")))
 
-    def wait(self, job_id: str, timeout: float | None) -> Job:
+    def wait(self, job_id: str, timeout: float | None) -> tuple[Job, bool]:
+        """The job once it ended, or as it was at ``timeout`` (and whether it ended)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 60.0 if deadline is None else max(0.0, min(60.0, deadline - time.monotonic()))
             doc = self.call("GET", self._job(job_id, f"/wait?timeout={left:.3f}"),
                             timeout=left + 30.0)
             job = Job.from_dict(doc["job"])
-            if doc["done"]:
-                return job
-            if deadline is not None and time.monotonic() >= deadline:
-                raise JobTimeout(job, timeout or 0.0)
+            if doc["done"] or (deadline is not None and time.monotonic() >= deadline):
+                return job, bool(doc["done"])
 
     def logs(self, job_id: str, attempt: int | None, follow: bool,
              since: str) -> Iterator[LogLine]:
@@ -249,29 +242,11 @@ class Remote:
         finally:
             conn.close()
 
-    def explain(self, job_id: str) -> Explanation:
-        d = self.call("GET", self._job(job_id, "/explain"))
-        return Explanation(
-            job_id=d["job_id"], name=d["name"], state=JobState(d["state"]), team=d["team"],
-            priority=d["priority"], rank=d["rank"],
-            sla_s=math.inf if d["sla_s"] is None else d["sla_s"], attempt=d["attempt"],
-            waited_s=d["waited_s"], sla_breached=d["sla_breached"],
-            reason_code=d["reason_code"], message=d["message"], position=d["position"],
-            pending_total=d["pending_total"], ranked_at=d["ranked_at"],
-            placement=tuple(Allocation(a["node_id"], tuple(a["gpu_ids"]), a["rank"])
-                            for a in d["placement"]),
-            exit_code=d["exit_code"],
-            history=tuple(HistoryEntry(JobState(h[0]), h[1], h[2], h[3]) for h in d["history"]),
-            policy=d["policy"], team_usage_gpu_s=d["team_usage_gpu_s"],
-            reservation=d["reservation"], blocked_by=d["blocked_by"])
+    def explain(self, job_id: str) -> dict[str, Any]:
+        return self.call("GET", self._job(job_id, "/explain"))
 
-    def nodes(self) -> builtins.list[NodeView]:
-        fields = NodeView.__dataclass_fields__
-        views = []
-        for d in self.call("GET", "/v1/nodes"):
-            kept: dict[str, Any] = {k: v for k, v in d.items() if k in fields}
-            views.append(NodeView(**{**kept, "jobs": tuple(kept.get("jobs", ()))}))
-        return views
+    def nodes(self) -> builtins.list[dict[str, Any]]:
+        return self.call("GET", "/v1/nodes")
 
     def node_state(self, node_id: str, action: str) -> Node:
         return Node.from_dict(self.call("POST", f"/v1/nodes/{quote(node_id, safe='')}/{action}"))
