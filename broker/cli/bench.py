@@ -117,6 +117,11 @@ def carbon_shift(
     repeats: Annotated[int, Opt("--repeats", help="Noisy forecasts averaged.")] = 10,
     spatial: Annotated[bool, Opt("--spatial", help="Jobs may also run in the other two "
                                                    "countries.")] = False,
+    days: Annotated[int | None, Opt("--days", help="Only the jobs of the first N days of "
+                                                   "2020 (a slice).")] = None,
+    through_sim: Annotated[bool, Opt("--through-sim", help="Every decision by the "
+                                     "simulator's scheduling cycles (slower: use --days).")
+                           ] = False,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Carbon time-shifting on the ML-training scenario of "Let's Wait Awhile"
@@ -130,5 +135,8 @@ def carbon_shift(
         raise ConfigError(f"--deadline {deadline!r}: allowed: {', '.join(DEADLINES)}")
     if not 0 <= forecast_error <= 1 or repeats < 1:
         raise ConfigError("--forecast-error must be between 0 and 1 (e.g. 0.05); --repeats >= 1")
+    if days is not None and days < 1:
+        raise ConfigError(f"--days {days}: allowed: a whole number >= 1")
     _show(run(data, Setup(country.upper(), deadline, interruptible,  # type: ignore[arg-type]
-                          forecast_error, seed, noise_seed, repeats, spatial)), as_json)
+                          forecast_error, seed, noise_seed, repeats, spatial, days=days,
+                          through_sim=through_sim)), as_json)

@@ -4,6 +4,7 @@ replayed through the defer policy, and (slow) one country against the paper's fi
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,25 @@ def test_a_noisy_forecast_costs_something_and_spatial_adds() -> None:
                )["emissions_avoided_pct"] > perfect
 
 
+@needs_data
+@pytest.mark.parametrize("interruptible", [False, True])
+def test_through_the_simulator_the_same(interruptible: bool) -> None:
+    """The simulator's cycles (deferrals, and pauses of checkpointed jobs) reach what the
+    bench's replay of the same policy reaches, on a slice."""
+    s = Setup("GB", "next-workday", interruptible, days=7)
+    sim = run(DATA, replace(s, through_sim=True))
+    assert sim["jobs_deferred"] > 0 and (sim["pauses"] > 0) is interruptible
+    assert sim["deadline_misses"] == 0
+    assert sim["emissions_avoided_pct"] == run(DATA, s)["emissions_avoided_pct"]
+
+
 def test_bad_input_names_the_option(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--country 'XX': allowed: DE, GB, FR"):
         run(tmp_path, Setup("XX"))
     with pytest.raises(ConfigError, match=r"no ger_ci\.csv there"):
         run(tmp_path, Setup("DE"))
+    with pytest.raises(ConfigError, match="--through-sim covers temporal shifting only"):
+        run(tmp_path, Setup("DE", spatial=True, through_sim=True))
     with pytest.raises(ConfigError, match="--deadline 'weekly'"):
         deadline_of(0, 3600, "weekly")
 
