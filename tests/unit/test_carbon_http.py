@@ -222,3 +222,25 @@ def test_bad_settings_and_bodies_are_named(fake: Fake) -> None:
     src = ElectricityMaps(base_url=fake.url, clock=Clock())
     with pytest.raises(CarbonFetchError, match="datetime: None is not a time string"):
         src.intensity("PL", T0)
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang"])
+@pytest.mark.parametrize("make", [
+    lambda url, clock: ElectricityMaps(token="k", base_url=url, clock=clock, timeout_s=0.2),
+    lambda url, clock: WattTime("u", "p", base_url=url, clock=clock, timeout_s=0.2),
+    lambda url, clock: UkCarbonIntensity(base_url=url, clock=clock, timeout_s=0.2),
+    lambda url, clock: CarbonAwareSdk(base_url=url, clock=clock, timeout_s=0.2),
+], ids=["electricitymaps", "watttime", "uk", "carbon-aware-sdk"])
+def test_every_source_falls_back_with_a_warning(
+        fake: Fake, caplog: pytest.LogCaptureFixture, mode: str,
+        make: Callable[[str, Clock], Any]) -> None:
+    fake.mode = mode
+    fake.routes.update({p: (lambda q, h: (200, {})) for p in (
+        "/login", "/v3/carbon-intensity/latest", "/intensity", "/emissions/bylocation")})
+    src = make(fake.url, Clock())
+    with caplog.at_level(logging.WARNING, logger="spillway.carbon"):
+        assert src.intensity("GB", T0) == 218.0  # GB's static yearly average
+        assert src.forecast("GB", T0, T0 + 3600) == [(T0, 218.0)]
+    assert f"carbon source {src.name} failed for zone GB" in caplog.text
+    assert ("HTTP 500" if mode == "fail" else "no answer within 0.2 s") in caplog.text
+    assert fake.hits  # it did ask the server
