@@ -14,6 +14,7 @@ from providers.carbon.base import (
     CarbonError,
     CarbonSource,
     mean_intensity,
+    signals,
 )
 from providers.carbon.csv import CsvCarbonSource, Series, year_offset
 
@@ -24,5 +25,6 @@ __all__ = [
     "CsvCarbonSource",
     "Series",
     "mean_intensity",
+    "signals",
     "year_offset",
 ]

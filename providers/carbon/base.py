@@ -11,8 +11,11 @@ window's start, so the steps cover ``[start, end)`` with no gap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
+
+log = logging.getLogger("spillway.carbon")
 
 
 class CarbonError(Exception):
@@ -62,3 +65,19 @@ def mean_intensity(source: CarbonSource, zone: str, start: float, end: float) ->
     if end <= start:
         return source.intensity(zone, start)
     return integrate(source.forecast(zone, start, end), start, end) / (end - start)
+
+
+def signals(source: CarbonSource, zones: Iterable[str], now: float, horizon_s: float
+            ) -> tuple[dict[str, float], dict[str, tuple[tuple[float, float], ...]]]:
+    """What a snapshot carries (``Snapshot.carbon``, ``Snapshot.carbon_forecast``): per zone,
+    the intensity now and the forecast steps over ``[now, now + horizon_s)``. A zone the
+    source cannot answer (after its own fallbacks) is left out, with a warning."""
+    now_g: dict[str, float] = {}
+    ahead: dict[str, tuple[tuple[float, float], ...]] = {}
+    for zone in sorted(set(zones) - {""}):
+        try:
+            now_g[zone] = source.intensity(zone, now)
+            ahead[zone] = tuple(source.forecast(zone, now, now + horizon_s))
+        except CarbonError as e:
+            log.warning("no carbon signal for zone %s from %s: %s", zone, source.name, e)
+    return now_g, ahead

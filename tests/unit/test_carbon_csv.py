@@ -124,3 +124,16 @@ def test_the_shared_files_read() -> None:
     assert [round(lwa.mean(z)) for z in lwa.zones] == [315, 57, 218]  # PROVENANCE.md's means
     em = CsvCarbonSource.from_dir(DATA / "carbon_electricitymaps_hourly_2021_2023", years=[2022])
     assert [round(em.mean(z)) for z in em.zones] == [60, 167, 13, 195]
+
+
+def test_signals_for_a_snapshot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from providers.carbon import signals
+
+    src = CsvCarbonSource.from_files([lwa_file(tmp_path)])
+    start = ts(2020, 3, 2, 0, 10)
+    with caplog.at_level("WARNING", logger="spillway.carbon"):
+        now_g, ahead = signals(src, ["DE", "FR", ""], start, 1800)
+    assert now_g == {"DE": 300.0}
+    assert ahead == {"DE": ((start, 300.0), (ts(2020, 3, 2, 0, 15), 310.0),
+                            (ts(2020, 3, 2, 0, 30), 320.0))}
+    assert "no carbon signal for zone FR from csv" in caplog.text
