@@ -52,6 +52,24 @@ class EnergySettings:
         """On-prem site id -> carbon zone, for :func:`providers.catalog.zones.site_zone`."""
         return {s: e.carbon_zone for s, e in self.sites.items() if e.carbon_zone}
 
+    def onprem_cost_usd(self, site: str, gpus: float, gpu_model: str, start: float,
+                        end: float, default_price: float) -> float:
+        """What ``gpus`` GPUs of ``gpu_model`` at on-prem ``site`` cost from ``start`` to
+        ``end`` (unix seconds), for chargeback: GPU-hours x the site's amortised price
+        (``default_price``, the configuration's ``onprem_price_per_gpu_hour``, unless the site
+        sets its own), plus the energy (IT power x PUE) at the site's electricity price where
+        it has one."""
+        if end <= start or gpus <= 0:
+            return 0.0
+        own = self.sites.get(site)
+        price = own.price_per_gpu_hour if own is not None and \
+            own.price_per_gpu_hour is not None else default_price
+        usd = gpus * (end - start) / 3600.0 * price
+        if own is not None and own.electricity is not None:
+            kw = self.model.power_kw(gpus, gpu_model) * self.model.site_pue(site)
+            usd += own.electricity.cost(kw, start, end)
+        return usd
+
 
 @dataclass(frozen=True)
 class CarbonSettings:

@@ -112,14 +112,9 @@ class SimEnergy:
             hours = p.gpus * seconds / 3600.0
             gpu_h += hours
             if p.site.split(":", 1)[0] == "onprem":
-                site = self.energy.sites.get(p.site)
-                price = site.price_per_gpu_hour if site and site.price_per_gpu_hour is not None \
-                    else self.price_per_gpu_hour
                 onprem_gpu_h += hours
-                onprem_usd += hours * price
-                if site is not None and site.electricity is not None:
-                    kw = model.power_kw(p.gpus, p.model) * model.site_pue(p.site)
-                    onprem_usd += site.electricity.cost(kw, start, end)
+                onprem_usd += self.energy.onprem_cost_usd(p.site, p.gpus, p.model, start, end,
+                                                          self.price_per_gpu_hour)
         total_kg = math.fsum(by_zone.values())
         total_usd = onprem_usd + cloud_cost_usd
         return {
