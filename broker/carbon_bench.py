@@ -175,11 +175,13 @@ def _emissions(true: Any, runs: Sequence[tuple[float, float]]) -> float:
 
 
 def replay(true: dict[str, Any], fc: dict[str, Any], home: str,
-           jobs: Sequence[tuple[float, float]], s: Setup) -> tuple[float, float, int]:
-    """(baseline emissions, shifted emissions, jobs deferred): each job decided by the
-    policy at its submission, in its home zone or (``spatial``) the zone it plans cleanest."""
-    base = shifted = 0.0
-    deferred = 0
+           jobs: Sequence[tuple[float, float]], s: Setup) -> dict[str, float]:
+    """Each job decided by the policy at its submission, in its home zone or (``spatial``)
+    the zone it plans cleanest: the baseline's and the shifted emissions, jobs deferred, and
+    (``spatial``) jobs moved and the emissions of moving without waiting (each job at its
+    submission in the zone forecast cleanest over its run)."""
+    base = shifted = moved_only = 0.0
+    deferred = moved = 0
     zones = sorted(fc) if s.spatial else [home]
     smooth = s.smooth if s.smooth is not None else smoothing_for(s.forecast_error)
     for submit, work in jobs:
@@ -196,8 +198,12 @@ def replay(true: dict[str, Any], fc: dict[str, Any], home: str,
         assert best is not None
         _, zone, runs = best
         deferred += runs[0][0] > submit
+        moved += zone != home
         shifted += _emissions(true[zone], runs)
-    return base, shifted, deferred
+        there = min(zones, key=lambda z: _emissions(fc[z], now_run))
+        moved_only += _emissions(true[there], now_run)
+    return {"base": base, "shifted": shifted, "deferred": deferred, "moved": moved,
+            "moved_only": moved_only}
 
 
 def optimum(true: Any, jobs: Sequence[tuple[float, float]], kind: str,
@@ -237,7 +243,8 @@ def run(data: str | Path, s: Setup) -> dict[str, Any]:
         jobs = [j for j in jobs if j[0] < T0 + s.days * 86400]
     draws = range(s.noise_seed, s.noise_seed + s.repeats) if s.forecast_error > 0 else [0]
     base = total = 0.0
-    deferred = pauses = misses = 0
+    deferred = pauses = misses = moved = 0
+    moved_only = 0.0
     for seed in draws:
         fc = _forecasts(sources, s.forecast_error, seed, end)
         if s.through_sim:
@@ -248,7 +255,9 @@ def run(data: str | Path, s: Setup) -> dict[str, Any]:
                 true[s.country], fc[s.country], s.country, jobs, due, s.interruptible,
                 s.forecast_error, T0)
         else:
-            base, shifted, deferred = replay(true, fc, s.country, jobs, s)
+            r = replay(true, fc, s.country, jobs, s)
+            base, shifted, deferred = r["base"], r["shifted"], int(r["deferred"])
+            moved, moved_only = int(r["moved"]), moved_only + r["moved_only"] / len(draws)
         total += shifted / len(draws)
     out: dict[str, Any] = {
         "country": s.country, "deadline": s.deadline, "interruptible": s.interruptible,
@@ -260,9 +269,12 @@ def run(data: str | Path, s: Setup) -> dict[str, Any]:
     }
     if s.through_sim:
         out["pauses"], out["deadline_misses"] = pauses, misses
+    if s.spatial:  # what moving alone (each job at once, in the cleanest country) avoids
+        out["jobs_moved"] = moved
+        out["spatial_only_pct"] = round(100 * (1 - moved_only / base), 2)
     if s.forecast_error == 0:
         b, opt = optimum(true[s.country], jobs, s.deadline, s.interruptible)
-        out["optimum_pct"] = round(100 * (1 - opt / b), 2)
+        out["temporal_optimum_pct" if s.spatial else "optimum_pct"] = round(100 * (1 - opt / b), 2)
     key = (s.country, s.deadline, s.interruptible)
     if s.days is None and s.jobs == 3387 and s.seed == 0 and not s.spatial:
         paper = PAPER_OPTIMUM if s.forecast_error == 0 else (
