@@ -12,8 +12,9 @@ Sources
        the 8,760 hours (``../shared/data/carbon_electricitymaps_hourly_2021_2023``: yearly
        downloads via github.com/umassos/decarbonization-potential; ODbL 1.0, "Electricity Maps").
 [LWA]  Wiesner et al., "Let's Wait Awhile", Middleware'21: 2020 intensity from ENTSO-E
-       production data x IPCC 2011 life-cycle emission factors, mean of the 2020 series
-       (``../shared/data/carbon_letswaitawhile_2020``; github.com/dos-group/lets-wait-awhile).
+       production data x IPCC 2011 life-cycle emission factors, mean of each file (2020 and
+       ten days either side; ``../shared/data/carbon_letswaitawhile_2020``;
+       github.com/dos-group/lets-wait-awhile).
 """
 
 from __future__ import annotations
