@@ -198,3 +198,32 @@ def stop_machines(providers: Mapping[str, Mapping[str, Any]]) -> int:
             n += len(live)
     return n
 
+
+
+def cloud_nodes(world: Any) -> set[str]:
+    """The cloud nodes of a world: a RealResult's (its records and the nodes seen beating)
+    or a simulation's (its instances')."""
+    if hasattr(world, "registered"):
+        return {i.node_id for i in world.instances if i.node_id} | set(world.registered)
+    run = getattr(world, "cloud", None)
+    return set() if run is None else {i.record.node_id for i in run.clouds.instances.values()
+                                      if i.record.node_id}
+
+
+def as_cloud(views: Mapping[str, Any], nodes: set[str]) -> dict[str, Any]:
+    """Job views with every cloud node named ``cloud``: machines have other names in each
+    world (the provider's id, the simulator's), so per job only on-prem vs cloud compares."""
+    if not nodes:
+        return dict(views)
+    return {i: replace(v, nodes=tuple("cloud" if n in nodes else n for n in v.nodes))
+            for i, v in views.items()}
+
+
+def rows(instances: Iterable[Instance], origin: float, k: float) -> list[dict[str, Any]]:
+    """Each machine of a world (trace seconds): launch request, ready, end, last reason."""
+    def t(x: float | None) -> float | None:
+        return None if x is None else round((x - origin) * k, 1)
+
+    return [{"requested": t(i.requested_at), "ready": t(i.ready_at), "ended": t(i.ended_at),
+             "state": i.state.value, "reason": i.history[-1].reason if i.history else ""}
+            for i in sorted(instances, key=lambda i: i.requested_at)]

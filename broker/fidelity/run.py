@@ -156,7 +156,7 @@ def _compare_cloud(out: dict[str, Any], results: list[SimResult], res: RealResul
     horizon = out["horizon_s"]
     offers = fc.real_offer_ids(sc.cloud)
     sim_offers = {o.id: o for o in offers.values()}
-    real_nodes = {i.node_id for i in res.instances if i.node_id} | set(res.registered)
+    real_nodes = fc.cloud_nodes(res)
     real_fig = fc.figures(res.instances, offers, res.t0, k, horizon)
     sites = {"real": fc.on_cloud(res.jobs, real_nodes, res.t0, k, horizon)}
     figs = {"real": real_fig}
@@ -165,7 +165,7 @@ def _compare_cloud(out: dict[str, Any], results: list[SimResult], res: RealResul
         recs = [i.record for i in s.cloud.clouds.instances.values()]
         figs[name] = fc.figures(recs, sim_offers, 0.0, k, horizon)
         sites[name] = fc.on_cloud({i: s.store.get(i) for i in s.trace_jobs},
-                                  {r.node_id for r in recs if r.node_id}, 0.0, k, horizon)
+                                  fc.cloud_nodes(s), 0.0, k, horizon)
     for name, result in zip(("real", "sim", "sim_ideal"), results):
         out[name].update(figs[name])
         result.metrics.update(figs[name])
@@ -176,7 +176,10 @@ def _compare_cloud(out: dict[str, Any], results: list[SimResult], res: RealResul
                     "offers": sorted(offers), "spot_interruptions": "off in both worlds",
                     "boot_s_real": {i: float(o.extra.get("boot_s", 0.0))
                                     for i, o in offers.items()},
-                    "idle_timeout_s_real": sc.cloud.idle_timeout_s}
+                    "idle_timeout_s_real": sc.cloud.idle_timeout_s,
+                    "machines_real": fc.rows(res.instances, res.t0, k),
+                    "machines_sim": fc.rows([i.record for i in model.cloud.clouds.instances
+                                             .values()] if model.cloud else [], 0.0, k)}
 
 
 def _compare(res: RealResult, model: LatencySimulation, ideal: LatencySimulation,
@@ -199,7 +202,8 @@ def _compare(res: RealResult, model: LatencySimulation, ideal: LatencySimulation
                result_of(ideal_w, f"{policy} sim-ideal", cap, meta)]
     m_real, m_sim, m_ideal = (r.metrics for r in results)
     near = (lat.cycle_s + lat.dispatch_s + lat.end_s) * k * 3
-    jobs = per_job(real_w.views, sim_w.views, near)
+    jobs = per_job(fc.as_cloud(real_w.views, fc.cloud_nodes(res)),
+                   fc.as_cloud(sim_w.views, fc.cloud_nodes(model)), near)
     lags = sorted(res.submit_lag_s)
     load = {**res.load, "dispatch_latency_s": _lat_dist(res),
             "submit_lag_s": {"p50": round(_median(lags), 4),

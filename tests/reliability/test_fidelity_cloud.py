@@ -117,16 +117,17 @@ def test_the_cloud_delays_move_readiness_and_release_and_are_off_by_default() ->
     assert ideal.metrics["cloud_cost_usd"] < late.metrics["cloud_cost_usd"]
 
 
-BOUND = {"cloud_cost_usd": 0.15, "bursts": 0.25}  # relative, real against the simulator
-K = 100.0
+COST_BOUND = 0.30  # relative, real against the simulator with the measured delays
+BURSTS_BOUND = 0.25  # relative, and one machine either way at least (a handful are rented)
+K = 100.0  # the on-prem runs' K: under load a larger K magnifies the delays (docs/fidelity.md)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> None:
     req = FidelityRequest(SimRequest(trace="philly", cluster=str(CLUSTER),
-                                     policies=("spillway",), start="2017-10-12T00:00",
-                                     end="2017-10-12T00:25", load_scale=2.0),
+                                     policies=("spillway",), start="2017-10-12T00:30",
+                                     end="2017-10-12T00:50", load_scale=3.0),
                           time_scale=K, workdir=tmp_path)
     data, _ = run_fidelity(req)
     from broker.cli.fidelity import summary
@@ -134,10 +135,12 @@ def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> Non
     print(summary(data))  # shown when the test fails
     assert data["real_all_started"]
     assert data["real"]["bursts"] >= 2 and data["sim"]["bursts"] >= 2, "no burst to compare"
-    for key, bound in BOUND.items():
-        d = data["diff"][key]
-        assert d is not None and abs(d) <= bound, \
-            f"{key}: real {data['real'][key]} vs sim {data['sim'][key]} ({d:+.1%})"
+    d = data["diff"]["cloud_cost_usd"]
+    assert d is not None and abs(d) <= COST_BOUND, \
+        f"cloud cost: real {data['real']['cloud_cost_usd']} vs sim " \
+        f"{data['sim']['cloud_cost_usd']} ({d:+.1%})"
+    real, sim = data["real"]["bursts"], data["sim"]["bursts"]
+    assert abs(real - sim) <= max(1, BURSTS_BOUND * sim), f"bursts: real {real} vs sim {sim}"
     site = data["per_job"]["site"]
     assert site["on_cloud_real"] > 0 and site["on_cloud_sim"] > 0
     assert not list((tmp_path / "cloud" / fc.CLUSTER_NAME).glob("*.json")), \
