@@ -36,7 +36,7 @@ Learning", 2019): an upper bound; set it lower for measured fleets.
 
 PUE (data-centre power over IT power): on-prem 1.55, the average of the Uptime Institute's
 Global Data Center Survey 2022 (the figure docs/catalog.md's on-prem price uses); AWS 1.15
-(AWS, global PUE for 2023, from its sustainability pages); GCP 1.10 (Google, fleet-wide
+(the global PUE AWS publishes on its sustainability pages); GCP 1.10 (Google, fleet-wide
 trailing twelve-month PUE for 2023, Environmental Report 2024); any other cloud 1.55.
 """
 
