@@ -23,6 +23,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from broker.api import jobs, ops
 from broker.api.deps import ApiState
@@ -95,6 +96,14 @@ def _spillway(_: Request, exc: Exception) -> JSONResponse:
     return _reply(400, str(exc))
 
 
+def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    words = {404: "no such route; /openapi.json lists them",
+             405: "this route does not take that method; /openapi.json lists what it takes"}
+    return _reply(exc.status_code, words.get(exc.status_code, str(exc.detail)),
+                  **(exc.headers or {}))
+
+
 def _store_down(_: Request, exc: Exception) -> JSONResponse:
     log.warning("Redis error: %s", type(exc).__name__)
     return _reply(503, "the API server cannot reach its Redis; try again shortly")
@@ -163,6 +172,7 @@ def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50)
     app.state.api = ApiState(client, TokenStore(client.store_redis), submit_rate, submit_burst)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(SpillwayError, _spillway)
+    app.add_exception_handler(HTTPException, _http)
     app.add_exception_handler(redis.RedisError, _store_down)
     app.add_exception_handler(Exception, _crash)
     app.add_middleware(BodyLimit)
