@@ -59,7 +59,8 @@ def check_provisioning(plan: Plan, config: Config) -> None:
 def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     check_provisioning(plan, rt.config)  # before the store sees any of it
     # the teams' hard caps: each launch's expected cost reserved, atomically (broker/ledger.py)
-    plan = reserve_plan(budget_book(rt.store), plan, time.time(), _team_of(rt))
+    plan = reserve_plan(budget_book(rt.store), plan, time.time(), _team_of(rt),
+                        _machine_of(rt))
     applied = rt.store.apply(plan, now=time.time())
     commands.start_jobs(rt.celery, applied.started)
     grace = {p.job_id: p.grace_s for p in plan.preemptions}
@@ -77,6 +78,19 @@ def _team_of(rt: Runtime) -> Callable[[str], str]:
         job = rt.store.get_many([job_id])[0]
         return job.team if job is not None else ""
     return team
+
+
+def _machine_of(rt: Runtime) -> Callable[[str], str | None]:
+    """Node id -> the request id of the rented machine it is (read once, when first asked)."""
+    found: dict[str, str] | None = None
+
+    def machine(node_id: str) -> str | None:
+        nonlocal found
+        if found is None:
+            found = {i.node_id: i.request_id for i in rt.store.instances(live_only=True)
+                     if i.node_id}
+        return found.get(node_id)
+    return machine
 
 
 def request_launch(rt: Runtime, launch: Launch, now: float | None = None) -> list[Instance]:

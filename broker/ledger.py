@@ -4,8 +4,10 @@ reservations that keep bursts within hard caps.
 **Reserve** (:func:`reserve_plan`, called by the actuator before a Plan is applied, and by the
 simulator): each launch's ``budget`` shares (policies/budget.py) are reserved in the budget
 book in one atomic check-and-reserve per launch, split evenly over its machines (keyed by
-each machine's request id). A launch the book refuses is dropped from the Plan and its jobs stay
-pending with ``BudgetExhausted`` and by how much.
+each machine's request id), and so is each start on a machine rented for other jobs (its GPUs'
+share of the machine). A launch or start the book refuses is dropped from the Plan and its jobs
+stay pending with ``BudgetExhausted`` and by how much. Tokens (the launch's request id,
+``start:<job>:<attempt>``) make a Plan applied twice reserve once.
 
 **Charge** (:func:`accrue`, each lifecycle pass): a machine is billed from when the provider
 accepted it (its first BOOTING) to when it ended (TERMINATED or FAILED), in UTC-hour intervals.
@@ -57,21 +59,37 @@ class Use:
 
 
 def reserve_plan(book: BudgetBook, plan: Plan, now: float,
-                 teams: Callable[[str], str] | None = None) -> Plan:
-    """``plan`` less the launches the book refuses (see the module docstring); ``teams``:
-    job id -> team, for the reasons of the other jobs of a refused launch."""
-    if not any(launch.budget for launch in plan.launches):
+                 teams: Callable[[str], str] | None = None,
+                 key_of: Callable[[str], str | None] | None = None) -> Plan:
+    """``plan`` less the starts and launches the book refuses (see the module docstring).
+    ``teams``: job id -> team, for the reasons of the other jobs of a refused launch;
+    ``key_of``: node id -> the request id of the rented machine it is (starts on rented
+    machines reserve their share of it)."""
+    if not any(x.budget for x in plan.launches) and not any(x.budget for x in plan.starts):
         return plan
-    kept, refused = [], {}
+    starts, refused = [], {}
+    for st in plan.starts:
+        parts: list[tuple[str, str, float]] = []
+        for node, team, usd in st.budget:
+            key = key_of(node) if key_of else None
+            if key:
+                parts.append((key, team, usd))
+        no = book.reserve(parts, now, f"start:{st.job_id}:{st.attempt}") if parts else None
+        if no is None:
+            starts.append(st)
+        else:
+            refused[st.job_id] = budget_exhausted(no.team, no.cap, no.spent + no.reserved,
+                                                  no.need)
+    launches = []
     for launch in plan.launches:
         if not launch.budget:
-            kept.append(launch)
+            launches.append(launch)
             continue
         keys = request_ids(launch.request_id, launch.count)
         parts = [(k, team, usd / len(keys)) for k in keys for team, usd in launch.budget]
-        no = book.reserve(parts, now)
+        no = book.reserve(parts, now, launch.request_id)
         if no is None:
-            kept.append(launch)
+            launches.append(launch)
             continue
         log.warning("launch %s refused: team %s's hard cap $%.2f would be passed by $%.2f",
                     launch.request_id, no.team, no.cap, no.over_by)
@@ -83,7 +101,8 @@ def reserve_plan(book: BudgetBook, plan: Plan, now: float,
                                    "refused by that team's cap; planned again next cycle")
     if not refused:
         return plan
-    return replace(plan, launches=tuple(kept), pending={**plan.pending, **refused})
+    return replace(plan, starts=tuple(starts), launches=tuple(launches),
+                   pending={**plan.pending, **refused})
 
 
 # -- charge ----------------------------------------------------------------------------------

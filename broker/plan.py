@@ -98,6 +98,9 @@ class Start:
     attempt: int
     version: int  # the job's version in the snapshot: the start is compare-and-set on it
     allocations: tuple[Allocation, ...]
+    # (node id, team, dollars) a start on rented machines is expected to cost, reserved before
+    # it is applied (policies/budget.py); () : no budget applies
+    budget: tuple[tuple[str, str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ time to the teams that caused the launch, broker/ledger.py).
 * A job's ``max_price_per_hour`` stays a hard limit: a job whose share of the offer costs more
   is dropped (the burst phase never plans one; this is the last check).
 
-Each kept launch carries its shares in ``Launch.budget``. With no budget in the snapshot the
-step changes nothing.
+A job that starts on a machine rented for other jobs (its team pays for its GPUs' share of the
+machine, the ledger's split) is checked the same way, before the launches: past a hard cap
+the start is taken back. Each kept launch carries its shares in ``Launch.budget``, each such
+start in ``Start.budget``. With no budget in the snapshot the step changes nothing.
 """
 
 from __future__ import annotations
@@ -56,12 +58,12 @@ def no_budget(cycle: Cycle) -> None:
     """Launches as the burst phase planned them."""
 
 
-def job_runtime(cycle: Cycle, job: Job, offer: Offer, cfg: Mapping[str, Any]) -> float:
-    """The runtime the cap check expects of ``job`` on ``offer``."""
+def job_runtime(cycle: Cycle, job: Job, model: str, cfg: Mapping[str, Any]) -> float:
+    """The runtime the cap check expects of ``job`` on GPU ``model``."""
     limit = job.spec.time_limit
     if limit and not float(cfg["basis_predicted"]):
         return float(limit)
-    run = runtime_on(cycle, job, offer.gpu_model, float(cfg["unknown_runtime_s"]))
+    run = runtime_on(cycle, job, model, float(cfg["unknown_runtime_s"]))
     if not math.isfinite(run):
         run = float(cfg["unknown_runtime_s"])
     return run * float(cfg["safety_factor"])
@@ -88,12 +90,14 @@ def shares(jobs: list[Job], total: float) -> dict[str, float]:
 def caps(cycle: Cycle) -> None:
     """The policy of the module docstring."""
     snap = cycle.snap
-    if not cycle.launches or not snap.budgets:
+    if not snap.budgets or not (cycle.launches or snap.instances):
         return
     cfg = cycle.settings("caps")
     offers = offers_by_id(cycle)
     by_id = {j.id: j for j in snap.pending}
     committed = {t: float(snap.spend.get(t, 0.0)) for t in snap.budgets}
+    if snap.instances and cycle.starts:
+        _starts(cycle, by_id, committed, cfg)
     kept: list[Launch] = []
     for launch in cycle.launches:
         offer = offers.get(launch.offer_id)
@@ -105,7 +109,7 @@ def caps(cycle: Cycle) -> None:
         jobs = _fit(cycle, launch, offer, jobs, committed, cfg)
         if not jobs:
             continue
-        runs = [job_runtime(cycle, j, offer, cfg) for j in jobs]
+        runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
         cost, _ = launch_cost(offer, launch.count, runs, cfg)
         part = shares(jobs, cost)
         for t, usd in part.items():
@@ -119,13 +123,53 @@ def caps(cycle: Cycle) -> None:
     cycle.launches[:] = kept
 
 
+def _starts(cycle: Cycle, by_id: Mapping[str, Job], committed: dict[str, float],
+            cfg: Mapping[str, Any]) -> None:
+    """Starts on machines rented for other jobs: each costs its team its GPUs' share of the
+    machine for its expected runtime (the ledger charges it so); one that would pass a hard
+    cap is taken back (``BudgetExhausted``), the others carry their share in
+    ``Start.budget``."""
+    snap = cycle.snap
+    machines = {i.node_id: i for i in snap.instances if i.node_id}
+    offers = offers_by_id(cycle)
+    starts, started = [], []
+    for st, run in zip(cycle.starts, cycle.started):
+        job = by_id.get(st.job_id)
+        if job is None or job.team not in snap.budgets:
+            starts.append(st)
+            started.append(run)
+            continue
+        parts = []
+        for a in st.allocations:
+            inst, node = machines.get(a.node_id), snap.node_by_id.get(a.node_id)
+            if inst is None or node is None or st.job_id in inst.for_jobs or not node.gpus:
+                continue
+            offer = offers.get(inst.offer_id)
+            price = offer.price_per_hour if offer is not None else inst.price_per_hour
+            hours = job_runtime(cycle, job, node.gpus[0].model, cfg) / 3600.0
+            share = max(1, len(a.gpu_ids)) / len(node.gpus)
+            parts.append((a.node_id, job.team, price * share * hours))
+        if parts:
+            need, cap = sum(p[2] for p in parts), snap.budgets[job.team]
+            if job.team not in snap.soft_budgets and committed[job.team] + need > cap + 1e-6:
+                cycle.pending[job.id] = budget_exhausted(job.team, cap, committed[job.team],
+                                                         need)
+                continue
+            committed[job.team] += need
+            st = replace(st, budget=tuple(parts))
+        starts.append(st)
+        started.append(run)
+    cycle.starts[:] = starts
+    cycle.started[:] = started
+
+
 def _fit(cycle: Cycle, launch: Launch, offer: Offer, jobs: list[Job],
          committed: dict[str, float], cfg: Mapping[str, Any]) -> list[Job]:
     """The jobs of ``launch`` whose teams' caps allow it, after dropping, one team at a time,
     those of a team whose hard cap it would pass (the launch is then smaller)."""
     snap = cycle.snap
     while jobs:
-        runs = [job_runtime(cycle, j, offer, cfg) for j in jobs]
+        runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
         cost, _ = launch_cost(offer, launch.count, runs, cfg)
         part = shares(jobs, cost)
         drop = None

@@ -266,7 +266,8 @@ class Clouds:
             pid = f"{launch.request_id}-{k}"
             if pid in self.instances:
                 continue
-            rec = Instance(launch.request_id, offer.id, provider_id=pid, requested_at=now)
+            rec = Instance(launch.request_id, offer.id, provider_id=pid, requested_at=now,
+                           price_per_hour=offer.price_per_hour, for_jobs=launch.for_jobs)
             z = self.zones.get((site.provider, offer.zone)) if offer.market.value == "spot" \
                 else None
             self.launches += 1

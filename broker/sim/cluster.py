@@ -18,6 +18,7 @@
     policies:                      # optional: bundles built of registered policies, by name
       backfill-only: {order: multifactor, reserve: easy, evict: []}
     cloud: {sites: [...]}          # optional: cloud sites to burst to (broker/sim/cloud.py)
+    budgets: {vision: {amount: 200}}  # optional: team caps (broker/ledger_sim.py)
     settings:                      # optional; checked by policies/settings.py
       spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
       fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
@@ -52,13 +53,15 @@ from broker.config import (
     parse_teams,
 )
 from broker.errors import ConfigError
+from broker.ledger_sim import parse_budgets
 from broker.model import Gpu, Node, NodeState
 from broker.sim.cloud import CloudSpec, parse_cloud
+from broker.store.budgets import Budget
 from policies.registry import PolicySet
 from policies.settings import check_bundles, check_settings
 from workers.discovery import inventory_from_data, static_inventory
 
-TOP_KEYS = ("name", "nodes", "classes", "teams", "policies", "settings", "cloud")
+TOP_KEYS = ("name", "nodes", "classes", "teams", "policies", "settings", "cloud", "budgets")
 NODE_KEYS = ("prefix", "count", "gpus", "cpus", "memory_gb", "labels")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_COUNT = 10_000
@@ -73,6 +76,7 @@ class Cluster:
     settings: Mapping[str, Any] = field(default_factory=dict)
     policies: Mapping[str, PolicySet] = field(default_factory=dict)  # bundles it builds
     cloud: CloudSpec | None = None  # cloud sites it may rent from (broker/sim/cloud.py)
+    budgets: tuple[Budget, ...] = ()  # the teams' caps (broker/ledger_sim.py)
 
     @property
     def capacity_gpus(self) -> int:
@@ -172,7 +176,8 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
     cloud = parse_cloud(data.get("cloud"), f"{source}: cloud", base)
     return Cluster(name=name.strip(), nodes=tuple(nodes), classes=classes, teams=teams,
                    settings=MappingProxyType(settings), policies=MappingProxyType(bundles),
-                   cloud=cloud)
+                   cloud=cloud,
+                   budgets=parse_budgets(data.get("budgets"), f"{source}: budgets"))
 
 
 def _node_group(item: Any, where: str) -> list[Node]:

@@ -27,6 +27,7 @@ from typing import Any
 from broker.config import CLUSTER_CONFIG_KEYS, Config
 from broker.energy_sim import RunPiece, SimEnergy
 from broker.errors import ConfigError
+from broker.ledger_sim import SimBudgets
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
@@ -132,6 +133,8 @@ class Simulation:
         self.cloud_busy = 0  # GPUs busy on cloud nodes (not in the on-prem samples)
         self.cloud: CloudRun | None = CloudRun(self, cluster.cloud, seed) \
             if cluster.cloud is not None else None
+        # the teams' caps (a cluster file's budgets), kept as production does
+        self.budgets = SimBudgets(self, cluster.budgets) if self.cloud is not None else None
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -216,6 +219,9 @@ class Simulation:
 
         extra = self.cloud.metrics(self.samples[-1].t if self.samples else 0.0) \
             if self.cloud is not None else {}
+        if self.budgets is not None:
+            extra = {**extra, **self.budgets.metrics(self.samples[-1].t if self.samples
+                                                     else 0.0)}
         if self.energy is not None:
             extra = {**extra, **self.energy.metrics(self.pieces,
                                                     extra.get("cloud_cost_usd") or 0.0)}
@@ -249,10 +255,14 @@ class Simulation:
                           or (self.busy >= self.devices and not self.preemptors)):
             self._sample(now)
             return
+        if self.budgets is not None:
+            self.budgets.settle(now)  # machines that ended: charged, reservations settled
         snap = self.snapshots.build(now)
         if self.cloud is not None:
             snap = self.cloud.dress(snap, now)
         plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
+        if self.budgets is not None:
+            plan = self.budgets.apply(plan, now)  # each launch's cost reserved, or refused
         if (plan.launches or plan.terminations) and self.cloud is None:  # refused, not dropped
             raise ConfigError(
                 f"policy {self.policy.name!r} planned {len(plan.launches)} launch(es) and "

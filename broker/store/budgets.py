@@ -178,10 +178,11 @@ class BudgetBook(ABC):
     def reservations(self) -> list[Reservation]: ...
 
     @abstractmethod
-    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float) -> Refusal | None:
+    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float,
+                token: str = "") -> Refusal | None:
         """Reserve (instance key, team, dollars) for each part, all or none: None if done
-        (or done before: idempotent by the first part's key), else the first hard cap that
-        spent + reserved + the team's parts would pass."""
+        (or done before: idempotent by ``token``, default the first part's key), else the
+        first hard cap that spent + reserved + the team's parts would pass."""
 
     @abstractmethod
     def charge(self, key: str, interval: int, parts: Sequence[Part], now: float) -> bool:

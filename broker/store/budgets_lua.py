@@ -3,21 +3,19 @@ the Redis server, which is what keeps two schedulers from reserving the same las
 the ledger from booking an interval twice."""
 
 # Check-and-reserve, all or none.
-# KEYS: 1 budgets, 2 reserved, 3 res, 4 done, then the spent hash of each team in ARGV order.
-# ARGV: 1 now, 2 month id, 3 week id, 4 number of teams, then (team, dollars) per team, then
-#       (instance key, team, dollars) per part.
-# Returns {'ok'} (or {'ok', 'again'} when the first part's key was reserved before), or
+# KEYS: 1 budgets, 2 reserved, 3 res, 4 applied (tokens), then the spent hash of each team in
+#       ARGV order.
+# ARGV: 1 now, 2 month id, 3 week id, 4 the request's token, 5 number of teams, then (team,
+#       dollars) per team, then (instance key, team, dollars) per part.
+# Returns {'ok'} (or {'ok', 'again'} when the token was reserved before), or
 # {'over', team, spent, reserved, need, cap}.
 RESERVE = """
 local wid = {month = ARGV[2], week = ARGV[3], total = 'total'}
-local n = tonumber(ARGV[4])
-local first = 5 + 2 * n
-if redis.call('HEXISTS', KEYS[3], ARGV[first] .. '|' .. ARGV[first + 1]) == 1
-   or redis.call('SISMEMBER', KEYS[4], ARGV[first]) == 1 then
-  return {'ok', 'again'}
-end
+local n = tonumber(ARGV[5])
+local first = 6 + 2 * n
+if redis.call('SISMEMBER', KEYS[4], ARGV[4]) == 1 then return {'ok', 'again'} end
 for i = 1, n do
-  local team, need = ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i])
+  local team, need = ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
   local raw = redis.call('HGET', KEYS[1], team)
   if raw then
     local b = cjson.decode(raw)
@@ -42,6 +40,7 @@ for i = first, #ARGV, 3 do
   redis.call('HSET', KEYS[3], field, cjson.encode({amount, left, tonumber(ARGV[1])}))
   redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i + 1], usd)
 end
+redis.call('SADD', KEYS[4], ARGV[4])
 return {'ok'}
 """
 

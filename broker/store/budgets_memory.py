@@ -29,6 +29,7 @@ class _Books:
     res: dict[str, Reservation] = field(default_factory=dict)  # "key|team" -> reservation
     mark: dict[str, int] = field(default_factory=dict)  # instance -> last interval charged
     done: set[str] = field(default_factory=set)  # instances settled
+    applied: set[str] = field(default_factory=set)  # reservation tokens applied
     ledger: dict[str, list[float]] = field(default_factory=dict)  # "team|site|day" -> sums
     alerts: dict[str, dict[str, float]] = field(default_factory=dict)  # team -> "w:pct" -> t
 
@@ -63,10 +64,12 @@ class MemoryBudgets(BudgetBook):
     def reservations(self) -> list[Reservation]:
         return list(self._b.res.values())
 
-    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float) -> Refusal | None:
+    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float,
+                token: str = "") -> Refusal | None:
         with self._lock:
             b = self._b
-            if not parts or f"{parts[0][0]}|{parts[0][1]}" in b.res or parts[0][0] in b.done:
+            token = token or (parts[0][0] if parts else "")
+            if not parts or token in b.applied:
                 return None
             need: dict[str, float] = {}
             for _, team, usd in parts:
@@ -86,6 +89,7 @@ class MemoryBudgets(BudgetBook):
                 b.res[k] = Reservation(key, team, usd + (old.amount if old else 0.0),
                                        usd + (old.left if old else 0.0), now)
                 b.reserved[team] = b.reserved.get(team, 0.0) + usd
+            b.applied.add(token)
             return None
 
     def charge(self, key: str, interval: int, parts: Sequence[Part], now: float) -> bool:

@@ -5,6 +5,8 @@
     budget:spent:{team}     HASH   window id (2026-12, 2026-W49, total) -> dollars charged
     budget:reserved         HASH   team -> dollars reserved, not yet spent or released
     budget:res              HASH   "<instance request id>|<team>" -> JSON [amount, left, at]
+    budget:applied          SET    reservation tokens applied (a launch's request id, a start's
+                                   "start:<job>:<attempt>"): a plan applied twice reserves once
     budget:alerts:{team}    HASH   "<window id>:<percent>" -> when it fired
     ledger:mark             HASH   instance request id -> last interval booked
     ledger:done             SET    instances settled (every interval booked, reservation freed)
@@ -45,6 +47,7 @@ class RedisBudgets(BudgetBook):
         self.p = p
         self.k_budgets, self.k_history = f"{p}budgets", f"{p}budget:history"
         self.k_reserved, self.k_res = f"{p}budget:reserved", f"{p}budget:res"
+        self.k_applied = f"{p}budget:applied"
         self.k_mark, self.k_done = f"{p}ledger:mark", f"{p}ledger:done"
         self.k_usd, self.k_gpu, self.k_idle = f"{p}ledger:usd", f"{p}ledger:gpu_s", \
             f"{p}ledger:idle_s"
@@ -94,19 +97,20 @@ class RedisBudgets(BudgetBook):
             out.append(Reservation(key, team, float(amount), float(left), float(at)))
         return out
 
-    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float) -> Refusal | None:
+    def reserve(self, parts: Sequence[tuple[str, str, float]], now: float,
+                token: str = "") -> Refusal | None:
         if not parts:
             return None
         need: dict[str, float] = {}
         for _, team, usd in parts:
             need[team] = need.get(team, 0.0) + usd
         w = window_ids(now)
-        args: list[Any] = [repr(now), w["month"], w["week"], len(need)]
+        args: list[Any] = [repr(now), w["month"], w["week"], token or parts[0][0], len(need)]
         for team, usd in need.items():
             args += [team, repr(usd)]
         for key, team, usd in parts:
             args += [key, team, repr(usd)]
-        keys = [self.k_budgets, self.k_reserved, self.k_res, self.k_done,
+        keys = [self.k_budgets, self.k_reserved, self.k_res, self.k_applied,
                 *(self._k_spent(t) for t in need)]
         got = [_s(x) for x in self._reserve(keys=keys, args=args)]
         if got[0] == "ok":
