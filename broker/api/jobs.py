@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Iterator
 from typing import Annotated, Any
@@ -109,7 +110,29 @@ def list_jobs(who: Who, request: Request,
     team = auth.list_team(who, team)
     jobs = state(request).client.list(parse_states(state_), team=team, priority=priority,
                                       limit=limit, skip=skip)
-    return [j.to_dict() for j in jobs if auth.sees(who, j)]
+    return scrubbed(request, who, [j.to_dict() for j in jobs if auth.sees(who, j)])
+
+
+_JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")
+HIDDEN = "a job of another team"
+
+
+def scrubbed(request: Request, who: TokenRecord, doc: Any) -> Any:
+    """``doc`` with the ids of jobs ``who`` may not see replaced by words: a job's history and
+    reasons name the jobs that preempted it or hold a reservation ahead of it, maybe another
+    team's (whose ids must not leak)."""
+    if who.role not in auth.TEAM_SCOPED:
+        return doc
+    text = json.dumps(doc)
+    ids = sorted(set(_JOB_ID.findall(text)))
+    if not ids:
+        return doc
+    jobs = state(request).client.store.get_many(ids)
+    hidden = {i for i, j in zip(ids, jobs) if j is None or not auth.sees(who, j)}
+    if not hidden:
+        return doc
+    return json.loads(_JOB_ID.sub(lambda m: HIDDEN if m.group(0) in hidden else m.group(0),
+                                  text))
 
 
 def seen(request: Request, who: TokenRecord, job_id: str) -> Job:
@@ -120,14 +143,15 @@ def seen(request: Request, who: TokenRecord, job_id: str) -> Job:
 
 @router.get("/{job_id}", summary="One job's record")
 def get(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
-    return seen(request, who, job_id).to_dict()
+    return scrubbed(request, who, seen(request, who, job_id).to_dict())
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job (a finished one is left as it is)")
 def cancel(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
     job = seen(request, who, job_id)
     auth.require(who, "jobs.cancel", job.team)
-    return state(request).client.acting_as(who.actor).cancel(job_id).to_dict()
+    return scrubbed(request, who,
+                    state(request).client.acting_as(who.actor).cancel(job_id).to_dict())
 
 
 @router.get("/{job_id}/wait", summary="Wait (up to 60 s a call) for the job to end")
@@ -140,7 +164,7 @@ def wait(job_id: JobId, who: Who, request: Request,
     while job.state not in TERMINAL and time.monotonic() < deadline:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         job = client.get(job_id)
-    return {"done": job.state in TERMINAL, "job": job.to_dict()}
+    return {"done": job.state in TERMINAL, "job": scrubbed(request, who, job.to_dict())}
 
 
 @router.get("/{job_id}/explain", summary="Why the job is where it is")
@@ -149,7 +173,7 @@ def explain(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
     out = state(request).client.explain(job_id).to_dict()
     if not math.isfinite(out["sla_s"]):
         out["sla_s"] = None  # (no SLA: JSON has no infinity)
-    return out
+    return scrubbed(request, who, out)
 
 
 @router.get("/{job_id}/logs", summary="An attempt's output, as JSON lines (streamed)",

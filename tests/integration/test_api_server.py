@@ -98,6 +98,20 @@ def test_a_team_cannot_see_cancel_log_or_explain_another_teams_jobs(
     assert bob.wait(job.id, timeout=5).state is JobState.CANCELLED
 
 
+def test_another_teams_job_ids_never_appear_in_a_users_replies(
+        url: str, as_user: Callable[[str], Client], tokens: TokenStore) -> None:
+    hana, ivan = as_user(token(tokens, "hana", team="h")), as_user(token(tokens, "ivan",
+                                                                            team="i"))
+    theirs, mine = ivan.submit(command="true"), hana.submit(command="true")
+    direct = Client(url, Config())
+    direct.store.cancel(mine.id, time.time(), reason=f"preempted by {theirs.id} (team i)")
+    direct.close()
+    assert hana.get(mine.id).history[-1].reason == "preempted by a job of another team (team i)"
+    assert theirs.id not in str(hana.explain(mine.id).to_dict())
+    op = as_user(token(tokens, "oscar", role="operator", team=""))
+    assert op.get(mine.id).history[-1].reason == f"preempted by {theirs.id} (team i)"
+
+
 def test_roles_each_refusal_names_the_role_needed(as_user: Callable[[str], Client],
                                                  tokens: TokenStore) -> None:
     user = as_user(token(tokens, "carol", team="a"))
