@@ -434,6 +434,12 @@ def _html(results: Sequence[SimResult], metrics: Sequence[Mapping[str, Any]]) ->
     parts.append("<h2>Per class</h2>")
     parts.append(_table(["class", "policy", "jobs", "wait mean", "wait p95", "SLA met"],
                         _class_rows(metrics)))
+    spend = [m.get("budget_spend_usd") or {} for m in metrics]  # (a cluster file's budgets)
+    if any(spend):
+        teams = sorted({t for s in spend for t in s})
+        parts.append("<h2>Budgets: dollars charged per team (budget_overruns must be 0)</h2>")
+        parts.append(_table(["team", *policies], [[t, *(s.get(t) for s in spend)]
+                                                  for t in teams]))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
