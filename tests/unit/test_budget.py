@@ -181,3 +181,20 @@ def test_a_refused_launch_leaves_the_plan_with_the_reason() -> None:
     assert kept.pending["j2"].code == "BudgetExhausted"
     assert "over the cap by $1.00" in kept.pending["j2"].message
     assert sorted(r.key for r in book.reservations()) == ["req-1", "req-2"]
+
+
+def test_the_read_api_sums_by_team_site_and_day() -> None:
+    from broker.ledger_report import spend_by, spend_rows
+
+    book = MemoryBudgets()
+    book.charge("i1", 1, [Part("a", 2.0, 3600, 0, "s1", "2026-11-30"),
+                          Part("b", 1.0, 0, 1800, "s1", "2026-11-30")], NOW)
+    book.charge("i2", 1, [Part("a", 4.0, 7200, 0, "s2", "2026-12-01")], NOW)
+    assert [(r.team, r.day, r.gpu_hours) for r in spend_rows(book, month="2026-11")] == [
+        ("a", "2026-11-30", 1.0), ("b", "2026-11-30", 0.0)]
+    by_team = spend_by(book, "team")
+    assert (by_team["a"].usd, by_team["a"].gpu_hours, by_team["b"].idle_gpu_hours) == (
+        6.0, 3.0, 0.5)
+    assert list(spend_by(book, "site", since="2026-12-01")) == ["s2"]
+    with pytest.raises(ValueError, match=r"^by: "):
+        spend_by(book, "zone")
