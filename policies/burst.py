@@ -42,7 +42,7 @@ from typing import Any
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import JobState
 from policies.cycle import Cycle
-from policies.forecast import made_room_for, onprem_start
+from policies.forecast import made_room_for, onprem_start, onprem_starts
 from policies.offers import (
     Bin,
     CostModel,
@@ -67,6 +67,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
     "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
     "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
+    "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 
@@ -148,8 +149,13 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     slowest = max(costs.boot(o) for o in offers)
     decide_at = target - slowest - float(cfg["margin_s"])
     if now < decide_at:
-        _wake(cycle, decide_at)
-        return False
+        early = _early_spot(cycle, job, cls, cfg, costs, offers, room, new, pos, leaving,
+                            target)
+        if early is None:
+            _wake(cycle, decide_at)
+            return False
+        _book(cycle, job, early[0], room, new, early[1], early=True)
+        return True
     start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
     if start <= target and job.id not in made_room_for(cycle):
         return False  # on-prem meets its SLA
@@ -178,6 +184,38 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         return False  # cheaper jobs ahead of it burst instead; it starts on-prem in time
     _book(cycle, job, choice, room, new, start)
     return True
+
+
+def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
+                costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
+                new: list[Bin], pos: int, leaving: set[str], target: float
+                ) -> tuple[_Choice, float] | None:
+    """Spot now, before the decision time, for a job that on-prem is forecast to leave past
+    its SLA: spot comes and goes, and at the decision time only on-demand (about three times
+    the price) may be left. The forecast is optimistic (it pools GPUs and ignores later
+    arrivals), so a breach it foresees is likely. None: wait for the decision time."""
+    if not cfg["early_spot"] or job.id in made_room_for(cycle):
+        return None
+    spot = [o for o in offers if o.market.value == "spot"]
+    if not spot or not _spot_ok(cycle, job, cfg, costs, spot):
+        return None
+    starts = cycle.notes.get("burst_early_starts")
+    if starts is None:
+        starts = cycle.notes["burst_early_starts"] = onprem_starts(cycle, cycle.blocked)
+    if starts.get(job.id, math.inf) <= target:
+        return None
+    start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
+    if start <= target:
+        return None
+    kept = cycle.pending.get(job.id)
+    choice = _cheapest(cycle, job, cls, cfg, costs, spot, room, new, target)
+    if choice is None or choice.offer.market.value != "spot":
+        if kept is None:
+            cycle.pending.pop(job.id, None)
+        else:
+            cycle.pending[job.id] = kept
+        return None
+    return choice, start
 
 
 def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
@@ -287,7 +325,7 @@ def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
 
 
 def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float],
-          new: list[Bin], start: float, made_room_for: str = "") -> None:
+          new: list[Bin], start: float, made_room_for: str = "", early: bool = False) -> None:
     now = cycle.now
     boot = float(c.offer.extra.get("boot_s", cycle.settings("sla")["boot_s"]))
     run = runtime_on(cycle, job, c.offer.gpu_model, float(cycle.settings("sla")
@@ -304,7 +342,8 @@ def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float]
     when = "never" if not math.isfinite(start) else f"in ~{dur(start - now)}"
     why = f"it makes room on-prem for {made_room_for}, whose SLA would break and who would " \
           "cost more in the cloud" if made_room_for else \
-        f"on-prem start forecast {when} breaks its {job.priority} SLA"
+        f"on-prem start forecast {when} breaks its {job.priority} SLA" + (
+            " (spot now, while there is some)" if early else "")
     cycle.pending[job.id] = Reason(
         "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "
         f"${c.cost:.2f} to finish it, ready in ~{dur(boot)}")

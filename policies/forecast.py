@@ -121,3 +121,58 @@ def _advance(free: int, need: int, ends: list[tuple[float, int]], t: float
         t = max(t, end)
         free += n
     return free, t
+
+
+def onprem_starts(cycle: Cycle, jobs: Iterable[Job], leaving: Collection[str] = ()
+                  ) -> dict[str, float]:
+    """:func:`onprem_start` of every job in ``jobs`` (the queue, in order) in one sweep per
+    set of on-prem kinds among them, instead of one pass per job."""
+    queue = list(jobs)
+    out: dict[str, float] = {}
+    by_kinds: dict[frozenset[Kind], list[int]] = {}
+    for i, job in enumerate(queue):
+        by_kinds.setdefault(onprem_kinds(cycle, job), []).append(i)
+    for kinds, mine in by_kinds.items():
+        if not kinds:
+            out.update((queue[i].id, math.inf) for i in mine)
+            continue
+        want = set(mine)
+        free = _free_now(cycle, kinds)
+        ends: list[tuple[float, int]] = [(t, n) for t, k, n in _releases(cycle) if k in kinds]
+        heapq.heapify(ends)
+        t = cycle.now
+        stuck = False
+        for i, other in enumerate(queue):
+            if i in want:
+                out[other.id] = _one(cycle, other, free, ends, t, stuck)
+            if stuck or other.id in leaving or not (onprem_kinds(cycle, other) & kinds):
+                continue
+            take = other.res.total_gpus
+            free, t = _advance(free, take, ends, t)
+            if free < take:
+                stuck = True  # a job ahead waits for GPUs that never free up
+                continue
+            free -= take
+            heapq.heappush(ends, (t + min(cycle.estimate(other), 1e12), take))
+    return out
+
+
+def _one(cycle: Cycle, job: Job, free: int, ends: list[tuple[float, int]], t: float,
+         stuck: bool) -> float:
+    """The start of ``job`` given the pool left by the jobs ahead (the pool is not changed)."""
+    sh = cycle.shadow
+    if sh is not None and sh.reservation.job_id == job.id:
+        return max(cycle.now, sh.reservation.start_at)
+    if job.id in made_room_for(cycle):
+        return cycle.now + cycle.snap.grace_s
+    if stuck:
+        return math.inf
+    need = job.res.total_gpus
+    popped: list[tuple[float, int]] = []
+    while ends and (ends[0][0] <= t or free < need):  # (as _advance, then undone)
+        end, n = heapq.heappop(ends)
+        popped.append((end, n))
+        t, free = max(t, end), free + n
+    for item in popped:
+        heapq.heappush(ends, item)
+    return max(cycle.now, t) if free >= need else math.inf

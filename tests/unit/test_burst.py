@@ -79,8 +79,16 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [late(gpu_types=("H100",), left=-10)], {"nodes": [node("a", 4, "H100-80GB")],
                                                  "active": [running("r", 4, time_limit=20 * H)]},
         [], {"p": "NoOffer"}),
-    "before its decision time: it waits": (
-        [late(left=1000)], {}, [], {"p": "Resources"}),
+    "before its decision time, no spot: it waits": (
+        [late(left=1000)], {"offers": (OD,)}, [], {"p": "Resources"}),
+    "before its decision time, on-prem in time: it waits": (
+        [late(left=1000)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 50)]},
+        [], {"p": "Resources"}),
+    "before its decision time, forecast to breach: spot now": (
+        [late(left=5000)], {}, [(SPOT.id, 1, ("p",))], {"p": "Bursting"}),
+    "spot only early: on-demand waits for the decision time": (
+        [late(left=5000)], {"offers": (offer("spot", available=False), OD)}, [],
+        {"p": "Resources"}),
     "on-prem meets its SLA: it stays": (
         [late(left=100)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 50)]},
         [], {"p": "Resources"}),
@@ -136,9 +144,10 @@ def test_burst_rules(queue: list[Job], kw: dict[str, Any], want: list[Any],
 
 
 def test_it_asks_to_be_woken_at_its_decision_time() -> None:
-    plan = cycle([late(left=1000)])
+    plan = cycle([late(left=1000)], offers=(OD,))
     assert plan.wake_at == pytest.approx(NOW + 1000 - 60 - 300)
-    assert launched(cycle([late(left=1000)], now=NOW + 640)) == [(SPOT.id, 1, ("p",))]
+    assert launched(cycle([late(left=1000)], offers=(OD,), now=NOW + 640)) == \
+        [(OD.id, 1, ("p",))]
 
 
 def test_a_booting_instance_is_used_before_renting_another() -> None:
