@@ -18,11 +18,13 @@ from broker.actuator import apply_plan
 from broker.cli import app
 from broker.cloud_settings import parse_providers
 from broker.config import Config
-from broker.model import JobSpec, Market, Offer
+from broker.ledger import accrue_store
+from broker.model import InstanceState, JobSpec, Market, Offer
 from broker.runtime import Runtime
 from broker.scheduler import run_cycle
 from broker.snapshots import SnapshotBuilder
 from broker.store import open_store
+from broker.store.budgets import budget_book
 from policies.registry import PolicySet
 from tests.conftest import flushed_db
 from tests.unit.test_commands import FakeRuntime, Recorder
@@ -82,5 +84,12 @@ def test_a_burst_past_a_hard_cap_is_refused_and_explained(url: str) -> None:
     code, out, _ = cli(url, "budget", "history", "vision", "--json")
     assert [(h["after"]["amount"], h["action"]) for h in json.loads(out)] == [
         (5.0, "set"), (10.0, "set")]
+    # the machine is given back before it ever ran: the lifecycle pass's ledger releases the
+    # reservation (nothing was billed)
+    inst = store.instances()[0]
+    store.move_instance(inst.request_id, InstanceState.TERMINATED, time.time(), "not needed")
+    acc = accrue_store(store, budget_book(store), time.time())
+    assert acc.settled == 1 and budget_book(store).reserved()["vision"] == 0
+    assert json.loads(cli(url, "budget", "show", "vision", "--json")[1])[0]["left"] == 10.0
     assert cli(url, "budget", "rm", "vision")[0] == 0
     assert cli(url, "budget", "rm", "vision")[0] == 1
