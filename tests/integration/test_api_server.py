@@ -238,6 +238,27 @@ def test_logs_stream_while_the_job_runs_and_operators_see_nodes(
     direct.close()
 
 
+def test_an_admin_manages_tokens_over_https(server: ApiServer, tokens: TokenStore,
+                                           tmp_path: Path) -> None:
+    env = {"SPILLWAY_URL": server.url, "SPILLWAY_TOKEN": token(tokens, "root", role="admin",
+                                                                team=""),
+           "SPILLWAY_CA_FILE": str(server.ca), "SPILLWAY_REDIS_URL": None,
+           "HOME": str(tmp_path)}
+    runner = CliRunner()
+    res = runner.invoke(app, ["token", "create", "-u", "kim", "-t", "k", "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    made = json.loads(res.stdout)
+    assert made["record"]["created_by"] == "root (admin)"
+    assert tokens.verify(made["token"], time.time()).user == "kim"
+    res = runner.invoke(app, ["token", "revoke", made["record"]["id"]], env=env)
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["token", "list", "--json"], env=env)
+    kim = next(r for r in json.loads(res.stdout) if r["id"] == made["record"]["id"])
+    assert (kim["status"], kim["revoked_by"]) == ("revoked", "root (admin)")
+    res = runner.invoke(app, ["token", "list"], env={**env, "SPILLWAY_TOKEN": made["token"]})
+    assert res.exit_code == 1 and "revoked" in res.stderr
+
+
 def test_plain_http_to_another_host_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"refusing plain http:// to example\.com"):
         Remote("http://example.com:8080", Config(), token="x")
