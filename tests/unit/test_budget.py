@@ -198,3 +198,36 @@ def test_the_read_api_sums_by_team_site_and_day() -> None:
     assert list(spend_by(book, "site", since="2026-12-01")) == ["s2"]
     with pytest.raises(ValueError, match=r"^by: "):
         spend_by(book, "zone")
+
+
+def test_the_lifecycle_pass_charges_a_store_once_however_often_it_runs() -> None:
+    from broker.ledger import accrue_store
+    from broker.model import Allocation, Gpu, JobSpec, Node
+    from broker.plan import Start
+    from broker.store import MemoryStore
+    from broker.store.budgets import budget_book
+    from broker.store.events import Exited, Started
+
+    store = MemoryStore()
+    t0 = 1_800_000_000.0  # (an hour boundary: 500,000 h)
+    node = Node("cloud-1", (Gpu("g0", 0, "A100-80GB", 80), Gpu("g1", 1, "A100-80GB", 80)),
+                site="aws:r:ondemand", instance_id="i-1")
+    store.heartbeat(node, 1e9, t0)
+    job = store.submit(JobSpec(command="true", gpus=1, team="vision"), t0)
+    store.record_instances([Instance("r1", "aws:r:ondemand/t", requested_at=t0,
+                                     price_per_hour=2.0,
+                                     history=(StateChange(InstanceState.REQUESTED, t0, ""),))])
+    store.move_instance("r1", InstanceState.BOOTING, t0, "launched")
+    store.move_instance("r1", InstanceState.READY, t0 + 600, "up", node_id="cloud-1")
+    store.apply(Plan(starts=(Start(job.id, 1, job.version, (Allocation("cloud-1", ("g0",), 0),)),
+                             )), t0 + 600)
+    store.report(job.id, 1, Started(0), t0 + 600)
+    store.report(job.id, 1, Exited(0, 0), t0 + 2400)  # 30 min on 1 of the 2 GPUs
+    store.move_instance("r1", InstanceState.TERMINATED, t0 + 3600, "idle")
+    book = budget_book(store)
+    for _ in range(3):  # a pass repeated (or restarted) charges nothing twice
+        accrue_store(store, book, t0 + 7200)
+    sums = {k[0]: v for k, v in book.sums().items()}
+    assert sums["vision"] == pytest.approx((2.0 * 0.25, 1800.0, 0.0))  # $2/h x 1/2 x 1/2 h
+    assert sums["_operator"][0] == pytest.approx(2.0 - 0.5)  # the rest: launched by hand
+    assert book.charged_upto("r1") == -1
