@@ -76,7 +76,10 @@ class CostModel:
     """Settings of the expected cost to finish a job on an offer."""
 
     boot_s: float = 240.0  # when the offer does not say
-    interruption_rate_per_hour: float = 0.05  # spot, when the offer does not say
+    # spot, when the offer does not say: the median over the 21 single-node AWS GPU traces of
+    # "Can't Be Late" (providers/catalog/spot.py DEFAULT_INTERRUPTION_RATE, docs/catalog.md;
+    # Catalog.with_interruption_rates puts each offer's own on it)
+    interruption_rate_per_hour: float = 0.8
     checkpoint_interval_s: float = 1800.0  # a checkpointing job loses half of it on average
     restart_s: float = 300.0  # to resume from a checkpoint after an interruption
     unknown_runtime_s: float = 4 * 3600.0  # a job with no estimate and no limit

@@ -197,3 +197,12 @@ def test_preempt_or_burst_cheaper_bursts_when_victims_lose_much() -> None:
                  settings={"preempt_or_burst": 1})
     assert launched(plan) == [(OD.id, 1, ("p",))]
     assert plan.preemptions == ()
+
+
+def test_a_spot_offer_without_a_rate_takes_the_catalogs_median() -> None:
+    from policies.offers import CostModel
+    from providers.catalog import DEFAULT_INTERRUPTION_RATE
+
+    bare = replace(SPOT, extra={"boot_s": 60.0})
+    assert CostModel().rate(bare) == DEFAULT_INTERRUPTION_RATE
+    assert CostModel().rate(OD) == 0.0 and CostModel().rate(SPOT) == 0.05
