@@ -58,10 +58,10 @@ def _feasible(cluster: Cluster, trace: Trace) -> Trace:
     return replace(trace, jobs=keep)
 
 
-def _sim(cluster: Cluster, trace: Trace, policy: str, lat: Latencies, stop_s: float
-         ) -> LatencySimulation:
+def _sim(cluster: Cluster, trace: Trace, policy: str, lat: Latencies, stop_s: float,
+         lifecycle: bool = False) -> LatencySimulation:
     s = LatencySimulation(cluster, trace, bundle(policy, cluster.policies), latencies=lat,
-                          stop_delay_s=stop_s, config=Config())
+                          stop_delay_s=stop_s, config=Config(), lifecycle=lifecycle)
     s.run()
     return s
 
@@ -140,7 +140,8 @@ def run_fidelity(req: FidelityRequest, say: Callable[[str], None] = lambda _: No
             real.stop()
     at_once = {i for i, r in ideal.records.items() if r.first_start_s == r.submit_s}
     lat = measure(res, checkpoint_s, Config().cycle_s, at_once, sc)
-    model = _sim(sc, st, policy, lat, checkpoint_s)
+    model = _sim(sc, st, policy, lat, checkpoint_s, lifecycle=True)  # (production's
+    # scale-down rule for cloud nodes: broker/sim/latency.py LifecycleCloudRun)
     out, results = _compare(res, model, ideal, lat, cluster, trace, policy, k, meta)
     if sc.cloud is not None:
         _compare_cloud(out, results, res, model, ideal, sc, k)

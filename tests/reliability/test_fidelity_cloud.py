@@ -92,6 +92,10 @@ def test_site_agreement_counts_where_each_job_ran() -> None:
     got = fc.site_agreement({"a": True, "b": False, "c": True}, {"a": True, "b": True})
     assert (got["compared"], got["same_site"], got["on_cloud_real"], got["on_cloud_sim"],
             got["cloud_sim_only"], got["differ"]) == (2, 1, 2, 2, 1, ["b"])
+    from broker.fidelity.compare import JobView
+
+    v = JobView("a", 0.0, 1.0, 1.0, None, ("n-00", "local-r1"), (), 1, (), False, ())
+    assert fc.as_cloud({"a": v}, {"local-r1"})["a"].nodes == ("n-00", "cloud")
 
 
 def test_the_cloud_delays_move_readiness_and_release_and_are_off_by_default() -> None:
@@ -145,3 +149,28 @@ def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> Non
     assert site["on_cloud_real"] > 0 and site["on_cloud_sim"] > 0
     assert not list((tmp_path / "cloud" / fc.CLUSTER_NAME).glob("*.json")), \
         "a rented machine was left running"
+
+
+def test_the_production_scale_down_rule_keeps_a_node_until_it_is_idle() -> None:
+    """The simulator's rule drains an 8-GPU node holding one 1-GPU job after the idle timeout;
+    production's lifecycle (lifecycle=True) keeps it: a later job lands there, and the node
+    goes only an idle timeout after its last job ended."""
+    from tests.unit.test_sim_cloud import JOBS
+    from tests.unit.test_sim_cloud import cluster as one_site
+
+    c = one_site(instance_types=["p3.16xlarge"])
+    jobs = trace(*JOBS.jobs, tj("later", 2200, 600, 1))
+    own = LatencySimulation(c, jobs)
+    own.run()
+    prod = LatencySimulation(c, jobs, lifecycle=True)
+    res = prod.run()
+    assert own.cloud is not None and prod.cloud is not None
+    assert len(own.cloud.clouds.instances) == 2  # drained: "later" rented another machine
+    (inst,) = prod.cloud.clouds.instances.values()
+    ran = {j.id for j in prod.store.list_jobs() if any(
+        a.node_id == inst.record.node_id for at in j.attempts for a in at.allocations)}
+    assert ran == {"hi", "later"}
+    last = max(r.end_s or 0.0 for r in res.records if r.id in ran)
+    assert inst.record.ended_at == pytest.approx(last + 300)
+    assert inst.record.history[-1].reason == "idle for 300s"
+    assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
