@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.store.budgets import (
+from broker.store.budgets_base import (
     EPS,
     HISTORY_CAP,
     Budget,

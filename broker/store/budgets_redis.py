@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from broker.store.budgets import (
+from broker.store.budgets_base import (
     HISTORY_CAP,
     Budget,
     BudgetBook,
