@@ -7,8 +7,8 @@ import importlib
 from broker.cli.root import app
 
 # Registration order is the order of ``spillway --help``: researchers first, then ops.
-for _module in ("jobs", "ops", "cloud", "offers", "token", "budget", "demo", "sim", "fidelity",
-                "bench", "redis_cmd"):
+for _module in ("jobs", "ops", "cloud", "offers", "token", "budget", "report", "demo", "sim",
+                "fidelity", "bench", "redis_cmd"):
     importlib.import_module(f"broker.cli.{_module}")
 
 __all__ = ["app", "main"]
