@@ -39,7 +39,7 @@ from broker.model import Allocation, Job, Node, NodeState
 from broker.reach import wait_for_redis
 from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store.base import BaseStore
-from broker.store.events import Exited, JobEvent, Started
+from broker.store.events import Exited, JobEvent, Started, StartFailed
 from workers.interruptions import make_watcher
 from workers.isolation import Keeper, detect
 from workers.procs import kill_leftovers, of_live_agent
@@ -197,6 +197,7 @@ class Agent:
                     self._report_exit(key, Exited(alloc.rank, 143, "Cancelled before start"))
                 elif not self.draining:
                     spawn.append((job, alloc))
+        spawn = self._sealed(spawn)
         if not spawn:
             return
         parts = self.sup.spawn_many([(j, a.rank, a.gpu_ids) for j, a in spawn], self.node_id)
@@ -211,6 +212,19 @@ class Agent:
                     self._after_report(part.job_after)
         metrics.agent_metrics().started(len(started))
         self._report_started(started)
+
+    def _sealed(self, spawn: list[tuple[Job, Allocation]]) -> list[tuple[Job, Allocation]]:
+        """The parts whose job's spec is the one submitted; the others are reported as failed
+        to start, unrun (broker/security/seal.py). Called with the lock held."""
+        if not spawn:
+            return spawn
+        refused = self.store.spec_problems(list({j.id: j for j, _ in spawn}.values()))
+        for job, alloc in spawn:
+            if job.id in refused:
+                log.error("job %s refused: %s", job.id, refused[job.id])
+                self._report_exit((job.id, job.attempt, alloc.rank),
+                                  StartFailed(alloc.rank, refused[job.id]))
+        return [(j, a) for j, a in spawn if j.id not in refused]
 
     def _report_started(self, parts: list[RunningPart]) -> None:
         """Report these parts Started, in one round trip; a part whose attempt is over is

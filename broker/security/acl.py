@@ -129,7 +129,7 @@ def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     celery = [*KOMBU_KEYS, f"agent@{node_id}.celery.pidbox*", "*reply.celery.pidbox*"]
     # (node ids hold no glob characters: check_node_id)
     rules = [f"~{k}" for k in (*own, *reports, *CYCLE_KEYS, *queue, *celery)]
-    return [*rules, "%W~node.*", f"%R~{p}node:*", f"%R~{p}archive"]
+    return [*rules, "%W~node.*", f"%R~{p}node:*", f"%R~{p}spec:*", f"%R~{p}archive"]
 
 
 # -- applying ---------------------------------------------------------------------------------

@@ -374,6 +374,11 @@ class BaseStore(Leadership, ABC):
         for each in turn, in a few round trips (broker/store/reports.py)."""
         return _reports.report_many(self, reports)
 
+    def spec_problems(self, jobs: Sequence[Job]) -> dict[str, str]:
+        """Job id -> why it must not run, for jobs whose spec is not the one submitted
+        (broker/security/seal.py; a backend without agents of its own seals nothing)."""
+        return {}
+
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         """The copy of each job this backend holds without a read, if any (a guess: it may be
         older than the store's)."""

@@ -16,6 +16,8 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     reservation           STRING JSON of the reservation the last cycle made (EASY backfill)
     archive               HASH   job id -> zlib-compressed Job JSON of jobs finished more
                                  than retain_finished_s ago (out of every other key)
+    spec:{id}             STRING the job's spec as submitted, written once (SET NX): agents,
+                                 who write job records, may only read it (security/seal.py)
     order                 STRING the last cycle's queue: "<time> <count>\n" then the first
                                  ORDER_CAP job ids, space-separated (rewritten each cycle)
     inst:{request id}     HASH   doc (Instance JSON), version: one rented machine (kept after it
@@ -46,6 +48,7 @@ from redis.exceptions import NoScriptError
 from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import Instance, Job, Node, NodeState, Reason
+from broker.security import seal
 from broker.state import ACTIVE, JobState
 from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
 from broker.store.instances import Block
@@ -161,6 +164,7 @@ class RedisStore(BaseStore):
             pipe.delete(self._k_job(job.id))
             pipe.zrem(self._k_all, job.id)
             pipe.hdel(self._k_reasons, job.id)
+            pipe.delete(seal.seal_key(self.prefix, job.id))
         pipe.execute()
         for job in jobs:
             self._parsed.pop(job.id, None)
@@ -290,6 +294,11 @@ class RedisStore(BaseStore):
     def _commit(self, changes: Sequence[Change]) -> list[str]:
         out: list[str] = []
         for chunk in _chunks(changes):
+            new = [c.job for c in chunk if c.expected_version == 0]
+            if new:  # each new job's spec, sealed where agents cannot write it
+                pipe = self.redis.pipeline(transaction=False)
+                seal.write(pipe, self.prefix, new)
+                pipe.execute()
             calls, docs = [], []
             for change in chunk:
                 keys, args = self._commit_args(change)
@@ -325,6 +334,9 @@ class RedisStore(BaseStore):
             if isinstance(r, Exception):
                 raise r
         return out
+
+    def spec_problems(self, jobs: Sequence[Job]) -> dict[str, str]:
+        return seal.problems(self.redis, self.prefix, jobs)
 
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         parsed = self._parsed

@@ -787,8 +787,8 @@ def test_redis_keys_stay_under_the_prefix(redis_client, redis_prefix) -> None:  
     keys = {k.decode() for k in redis_client.scan_iter(match="*", count=1000)
             if k.decode().startswith(redis_prefix)}
     assert keys == {redis_prefix + k for k in (
-        f"job:{job.id}", "jobs:all", "jobs:active", "nodes", "nodes:seq", "node:n1", "alloc:n1",
-        "reasons", "ver:active", "order",
+        f"job:{job.id}", f"spec:{job.id}", "jobs:all", "jobs:active", "nodes", "nodes:seq",
+        "node:n1", "alloc:n1", "reasons", "ver:active", "order",
         f"logs:{job.id}:1")}
     assert other.list_jobs() == [] and other.nodes() == []
     assert 0 < redis_client.ttl(f"{redis_prefix}logs:{job.id}:1") <= 7 * 86400

@@ -6,6 +6,7 @@ the processes' environments reaches a log file, the CLI's output or the job's en
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -158,6 +159,23 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
                                        for e in admin.acl_log()]
 
+        # an agent may rewrite a job's record (its reports do), never its sealed spec; and a
+        # changed spec never runs
+        agent = redis.Redis.from_url(agent_url)
+        with Client(api_url) as client:
+            client.drain(node)
+            victim = client.submit(command="echo untouched", gpus=1)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                agent.set(f"sw:spec:{victim.id}", "{}")
+            raw = json.loads(agent.hget(f"sw:job:{victim.id}", "doc"))
+            raw["spec"]["command"] = "echo TAMPERED-RAN"
+            agent.hset(f"sw:job:{victim.id}", "doc", json.dumps(raw))
+            client.resume(node)
+            ended = client.wait(victim.id, timeout=60)
+            assert ended.state is JobState.FAILED, ended
+            assert any("SpecTampered" in h.reason for h in ended.history), ended.history
+            assert not any("TAMPERED-RAN" in x.text for x in client.logs(victim.id))
+
         # everything a user or operator sees, and every file the run wrote
         seen = {"job output": job_out}
         for args in (["show", job.id], ["show", job.id, "--json"], ["queue", "--all", "--json"],
@@ -177,7 +195,6 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         assert leaks == [], leaks
 
         # the agent's user: refused outside its node (NOPERM), one clear CLI line
-        agent = redis.Redis.from_url(agent_url)
         other = f"{node}-other"
         for refused in (lambda: agent.hset(f"sw:node:{other}", "state", "DOWN"),
                         lambda: agent.delete(f"sw:node:{other}"),
@@ -274,8 +291,6 @@ def test_a_cloud_machine_joins_with_its_own_user_and_the_ca_never_the_provisione
                             text=True, timeout=30,
                             env={**os.environ, "SPILLWAY_INSTANCE_ID": "i-sec1"})
     assert booted.returncode == 0, booted.stderr
-    import json
-
     url, argv = json.loads((tmp_path / "seen.json").read_text())
     assert "--redis-url" not in argv and ca_path.read_text() == join.ca_pem
     machine = redis.Redis.from_url(url)  # TLS, verified with the CA the script wrote

@@ -1,0 +1,54 @@
+"""A job's spec, sealed where no agent can write it.
+
+An agent's Redis user must write job records (its reports are compare-and-set scripts on
+``sw:job:<id>``; broker/security/acl.py), and a record holds its job's spec. So the spec is
+also kept, once, at submit, in ``sw:spec:<id>``: written by whoever submits (the API server,
+an operator's client; ``SET NX``, never changed), read-only to agents. Before a job part
+starts, its agent compares the spec it is about to run with the sealed one; a job whose
+record's spec was changed (by a compromised agent, say) or that has no seal (a record an agent
+made up) is refused: it fails with a StartFailed report saying so, and nothing runs.
+
+Deleted with the job's record when it is archived (broker/store/redis.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from broker.model import Job, JobSpec
+
+SEAL_KEY = "spec:"  # after the store's prefix: sw:spec:<job id>
+
+
+def seal_key(prefix: str, job_id: str) -> str:
+    return f"{prefix}{SEAL_KEY}{job_id}"
+
+
+def canonical(spec: JobSpec) -> bytes:
+    """The spec as JSON with sorted keys: the same bytes for the same spec."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def write(pipe: Any, prefix: str, jobs: Sequence[Job]) -> None:
+    """Queue on ``pipe`` the seal of each new job (SET NX: a seal never changes)."""
+    for job in jobs:
+        pipe.set(seal_key(prefix, job.id), canonical(job.spec), nx=True)
+
+
+def problems(client: Any, prefix: str, jobs: Sequence[Job]) -> dict[str, str]:
+    """Job id -> why it must not run, for the jobs whose spec is not the sealed one."""
+    if not jobs:
+        return {}
+    sealed = client.mget([seal_key(prefix, j.id) for j in jobs])
+    out: dict[str, str] = {}
+    for job, raw in zip(jobs, sealed):
+        if raw is None:
+            out[job.id] = ("SpecNotSealed: the job has no sealed spec (it was not submitted "
+                           "through the client or the API); not run")
+        elif json.loads(raw) != json.loads(canonical(job.spec)):
+            out[job.id] = ("SpecTampered: the job's spec differs from the one submitted "
+                           "(its record was changed after submit); not run")
+    return out

