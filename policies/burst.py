@@ -8,11 +8,14 @@ whose ``sites`` allow a cloud:
 2. Its SLA target is its submission (or its return to the queue) plus its class's SLA. Its
    *decision time* is the target minus the slowest boot of the offers that could hold it minus
    ``margin_s``: until then it waits (``wake_at`` asks for a cycle then), since on-prem may
-   yet free up and a later decision knows more.
+   yet free up and a later decision knows more; but if spot is available now and the
+   (optimistic) forecast already breaks its SLA, it takes spot now (``early_spot``): at the
+   decision time only on-demand, about three times the price, may be left.
 3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
    the target, it stays. If on-prem starts it sooner than a boot, it stays
-   (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, it bursts only
-   if the cloud starts it at least ``late_min_gain_s`` sooner.
+   (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, bursting buys
+   only time: it bursts if the cloud starts it at least ``late_min_gain_s`` sooner, and to
+   spot only (``lost_sla_spot_only``).
 4. Otherwise the offer with the lowest expected cost to finish it (policies/offers.py: price x
    runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
    and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
@@ -41,6 +44,7 @@ from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import JobState
+from policies.burst_evictions import drop_evictions_for, victims_cost
 from policies.cycle import Cycle
 from policies.forecast import made_room_for, onprem_start, onprem_starts
 from policies.offers import (
@@ -67,6 +71,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
     "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
     "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
+    "lost_sla_spot_only": 1.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
@@ -118,7 +123,7 @@ def sla_burst(cycle: Cycle) -> None:
             continue
         if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
             leaving.add(job.id)
-    _drop_evictions_for(cycle, leaving)
+    drop_evictions_for(cycle, leaving)
     emit(cycle, new, jobs)
 
 
@@ -159,7 +164,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
     if start <= target and job.id not in made_room_for(cycle):
         return False  # on-prem meets its SLA
-    evict_cost = _victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
+    evict_cost = victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 0.0:
         return False
     fastest = min(costs.boot(o) for o in offers)
@@ -168,11 +173,19 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
             "BurstNotWorthIt", f"on-prem is expected to start it in ~{dur(start - now)}, "
             f"sooner than a cloud machine boots (~{dur(fastest)})")
         return False
-    if now + fastest > target and start - (now + fastest) < float(cfg["late_min_gain_s"]):
+    lost = now + fastest > target
+    if lost and start - (now + fastest) < float(cfg["late_min_gain_s"]):
         cycle.pending[job.id] = Reason(
             "BurstNotWorthIt", f"its SLA cannot be met any more; the cloud would start it "
             f"only ~{dur(start - now - fastest)} sooner than on-prem")
         return False
+    if lost and cfg["lost_sla_spot_only"]:
+        offers = [o for o in offers if o.market.value == "spot"]
+        if not offers:  # its SLA is lost: on-demand would buy only time, at on-demand prices
+            cycle.pending[job.id] = Reason(
+                "BurstNotWorthIt", "its SLA cannot be met any more, and no spot offer is "
+                "available now (on-demand would buy only time)")
+            return False
     choice = _cheapest(cycle, job, cls, cfg, costs, offers, room, new, target)
     if choice is None:
         return False
@@ -347,29 +360,6 @@ def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float]
     cycle.pending[job.id] = Reason(
         "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "
         f"${c.cost:.2f} to finish it, ready in ~{dur(boot)}")
-
-
-def _victims_cost(cycle: Cycle, job: Job, cfg: Mapping[str, Any]) -> float:
-    """Dollars of on-prem work the evictions planned for ``job`` throw away."""
-    tag = f"preempted by {job.id} ("
-    active = {j.id: j for j in cycle.snap.active}
-    lost = 0.0
-    for p in cycle.evictions:
-        v = active.get(p.job_id)
-        if v is None or not p.reason.startswith(tag):
-            continue
-        elapsed = max(0.0, cycle.now - (v.started_at or cycle.now))
-        held = min(elapsed, p.grace_s) if v.spec.checkpoint_dir else elapsed
-        lost += v.res.total_gpus * held
-    return lost / 3600.0 * float(cfg["onprem_gpu_hour_usd"])
-
-
-def _drop_evictions_for(cycle: Cycle, bursting: set[str]) -> None:
-    """A job that bursts no longer needs the room evictions were making for it."""
-    if not cycle.evictions or not bursting:
-        return
-    cycle.evictions[:] = [p for p in cycle.evictions if not (
-        p.reason.startswith("preempted by ") and p.reason.split()[2] in bursting)]
 
 
 def _wake(cycle: Cycle, at: float) -> None:

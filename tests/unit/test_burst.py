@@ -100,6 +100,9 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [], {"p": "BurstNotWorthIt"}),
     "SLA lost, cloud much sooner: bursts anyway": (
         [late(left=-500)], {}, [(SPOT.id, 1, ("p",))], {"p": "Bursting"}),
+    "SLA lost, no spot: on-demand would buy only time": (
+        [late(left=-500)], {"offers": (offer("spot", available=False), OD)}, [],
+        {"p": "BurstNotWorthIt"}),
     "a slow boot that misses the SLA is passed over": (
         [late()], {"offers": (offer("spot", boot=400), OD)}, [(OD.id, 1, ("p",))], {}),
     "the queue ahead pushes it past its SLA": (
