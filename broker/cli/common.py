@@ -100,8 +100,11 @@ def settings(ctx: typer.Context) -> Settings:
 
 
 def print_json(value: Any) -> None:
-    """JSON for scripts: plain stdout, no colour, no wrapping."""
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    """JSON for scripts: plain stdout, no colour, no wrapping; secrets masked (a spec's
+    secret-named env values, URL passwords: broker/security/redact.py)."""
+    from broker.security.redact import masked
+
+    sys.stdout.write(json.dumps(masked(value), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 

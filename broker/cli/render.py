@@ -14,6 +14,7 @@ from rich.text import Text
 from broker.cli.common import fmt_duration
 from broker.client import Explanation, NodeView
 from broker.model import Job, JobSpec
+from broker.security.redact import masked_env
 from broker.state import TERMINAL, JobState
 
 STATE_STYLE = {
@@ -188,7 +189,7 @@ def job_panel(job: Job) -> Group:
         ("reason", reason_text(job)),
     ]
     if s.env:
-        rows.insert(5, ("env", " ".join(f"{k}={v}" for k, v in s.env.items())))
+        rows.insert(5, ("env", " ".join(f"{k}={v}" for k, v in masked_env(s.env).items())))
     for key, value in rows:
         grid.add_row(key, value if isinstance(value, Text) else escape(str(value)))
     return Group(grid, Text(""), history_table(job))

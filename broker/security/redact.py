@@ -6,6 +6,8 @@
   tokens, cloud keys), for :func:`scrub`.
 * :func:`job_base_env`: an agent's environment without its secrets, the base of every job's
   environment (a job gets what its spec's ``env`` sets, never the agent's credentials).
+* :func:`masked`: JSON-like output (``--json``) with a spec's secret-named ``env`` values
+  and URL passwords masked; :func:`masked_env` for one ``env`` shown as text.
 * :func:`install_log_redaction`: a filter on every root handler that scrubs each record.
 """
 
@@ -15,6 +17,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -93,6 +96,26 @@ def job_base_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in env.items()
             if not is_secret_name(k) and k not in _URL_VARS
             and not _URL_PASSWORD.search(v)}
+
+
+def masked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A job spec's ``env`` for display: values of secret-named variables as ``***``, URL
+    passwords masked (the job itself gets the real values)."""
+    return {k: MASK if is_secret_name(k) else scrub(v) for k, v in env.items()}
+
+
+def masked(value: Any) -> Any:
+    """``value`` (JSON-like data: a job record, a list of them) with every ``env`` mapping
+    masked (:func:`masked_env`) and URL passwords scrubbed from every string."""
+    if isinstance(value, Mapping):
+        return {k: masked_env(v) if k == "env" and isinstance(v, Mapping) and all(
+                    isinstance(x, str) for x in v.values()) else masked(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [masked(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        return scrub(value)
+    return value
 
 
 class SecretFilter(logging.Filter):

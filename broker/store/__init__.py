@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from broker.config import Config
 from broker.errors import ConfigError
+from broker.security.redact import redact_url
 from broker.store.base import BaseStore, LogLine
 from broker.store.memory import MemoryStore
 from broker.store.redis import RedisStore
@@ -20,6 +21,6 @@ def open_store(url: str | None, config: Config | None = None, prefix: str = "sw:
     if url.startswith(_REDIS_SCHEMES):
         return RedisStore(url, config, prefix=prefix)
     raise ConfigError(
-        f"store URL {url!r} is not supported; use memory:// or redis://host:port/db "
+        f"store URL {redact_url(url)!r} is not supported; use memory:// or redis://host:port/db "
         "(rediss:// and unix:// work too)"
     )

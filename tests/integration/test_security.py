@@ -38,6 +38,8 @@ PLANTED = {"AWS_SECRET_ACCESS_KEY": "PLANTED-aws-" + uuid.uuid4().hex,
            "SPILLWAY_TOKEN": "PLANTED-token-" + uuid.uuid4().hex,
            "HF_TOKEN": "PLANTED-hf-" + uuid.uuid4().hex,
            "SPILLWAY_METRICS_TOKEN": "PLANTED-metrics-" + uuid.uuid4().hex}
+#: A secret a user gives their own job (spec env): the job sees it; show and --json do not.
+USER_SECRET = "PLANTED-user-" + uuid.uuid4().hex
 
 
 def _redis_server() -> str | None:
@@ -149,11 +151,13 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             wait_until(lambda: any(n.id == node for n in client.nodes())
                        or any(p.poll() is not None for p in procs), 60, "the agent to register")
             assert all(p.poll() is None for p in procs), logs["agent"].read_text()
-            job = client.submit(command="env; echo secure-done", gpus=1)
+            job = client.submit(command="env; echo secure-done", gpus=1,
+                                env={"USER_API_TOKEN": USER_SECRET})
             done = client.wait(job.id, timeout=60)
             assert done.state is JobState.SUCCEEDED, done
             job_out = "\n".join(x.text for x in client.logs(job.id))
         assert "secure-done" in job_out and "CUDA_VISIBLE_DEVICES=" in job_out, job_out
+        assert USER_SECRET in job_out  # (the job gets what its spec sets)
 
         # the agent needed nothing its rules do not grant: the server logged no refusal
         assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
@@ -193,6 +197,11 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         assert any("scheduler" in k for k in seen) and any("agent.log" in k for k in seen)
         leaks = [(where, s[:12]) for where, text in seen.items() for s in secrets if s in text]
         assert leaks == [], leaks
+        # a secret of the job's own spec reaches the job and its output, nothing else
+        job_text = ("job output", "logs ", str(tmp_path / "work"))
+        shown = [where for where, text in seen.items()
+                 if USER_SECRET in text and not where.startswith(job_text)]
+        assert shown == [], shown
 
         # the agent's user: refused outside its node (NOPERM), one clear CLI line
         other = f"{node}-other"

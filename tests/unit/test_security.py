@@ -20,6 +20,7 @@ from broker.security.redact import (
     SecretFilter,
     install_log_redaction,
     job_base_env,
+    masked,
     redact_url,
     scrub,
     secret_values,
@@ -135,3 +136,12 @@ def test_the_boot_script_keeps_a_password_off_the_command_line(tmp_path: Path) -
     assert exported == (f"{url}?ssl_ca_certs={tmp_path / 'etc' / 'ca.pem'}"
                         "&ssl_cert_reqs=required")
     assert (tmp_path / "etc" / "ca.pem").read_text().startswith("-----BEGIN CERTIFICATE")
+
+
+def test_json_output_masks_a_specs_secret_env_and_url_passwords() -> None:
+    record = {"id": "j-1", "spec": {"env": {"HF_TOKEN": "hf-1234", "LR": "0.1",
+                                            "DB": f"postgres://u:{PW}@db/x"}},
+              "history": [["PENDING", 1.0, f"from redis://:{PW}@h/0", 1]]}
+    out = masked([record])[0]
+    assert out["spec"]["env"] == {"HF_TOKEN": "***", "LR": "0.1", "DB": "postgres://u:***@db/x"}
+    assert PW not in str(out) and out["id"] == "j-1"
