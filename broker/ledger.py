@@ -212,10 +212,23 @@ class Accrued:
     alerts: list[tuple[str, float]]
 
 
+def due(book: BudgetBook, inst: Instance, now: float, interval_s: float = INTERVAL_S) -> bool:
+    """Whether ``inst`` has an interval to book, or is to be settled, at ``now``."""
+    if inst.ended:
+        return True
+    start = billing_start(inst)
+    if start is None:
+        return False
+    mark = book.charged_upto(inst.request_id)
+    nxt = int(start // interval_s) if mark is None else mark + 1
+    return (nxt + 1) * interval_s <= now
+
+
 def accrue(book: BudgetBook, records: Sequence[Instance], jobs: Sequence[Job],
            gpus_of: Callable[[Instance], int], now: float,
            interval_s: float = INTERVAL_S) -> Accrued:
-    """One ledger pass over the instance records (see the module docstring)."""
+    """One ledger pass over the instance records (see the module docstring): ``jobs`` must
+    hold every job that ran on the machines with an interval due."""
     done = book.settled()
     todo = [r for r in records if r.request_id not in done]
     by_id = {j.id: j for j in jobs}
@@ -227,24 +240,31 @@ def accrue(book: BudgetBook, records: Sequence[Instance], jobs: Sequence[Job],
         charged |= charge_instance(book, inst, inst.price_per_hour, gpus_of(inst), node_uses,
                                    payers_of(inst, by_id), now, interval_s)
         settled += inst.ended
+    orphans = release_orphans(book, records, now)
+    alerts = [(t, a) for t in sorted(charged) for a in book.fire_alerts(t, now)]
+    for team, pct in alerts:
+        log.warning("budget alert: team %s has spent %g%% of its budget", team, pct)
+    return Accrued(charged, settled, orphans, alerts)
+
+
+def release_orphans(book: BudgetBook, records: Sequence[Instance], now: float) -> int:
+    """Release the reservations of machines never recorded, ``ORPHAN_AFTER_S`` on."""
     known = {r.request_id for r in records}
     orphans = {r.key for r in book.reservations()
                if r.key not in known and now - r.at > ORPHAN_AFTER_S}
     for key in orphans:
         book.settle(key)
-    alerts = [(t, a) for t in sorted(charged) for a in book.fire_alerts(t, now)]
-    for team, pct in alerts:
-        log.warning("budget alert: team %s has spent %g%% of its budget", team, pct)
-    return Accrued(charged, settled, len(orphans), alerts)
+    return len(orphans)
 
 
 def accrue_store(store: BaseStore, book: BudgetBook, now: float) -> Accrued:
-    """:func:`accrue` over a store's records and jobs (the provisioner's lifecycle pass)."""
+    """:func:`accrue` over a store's records and jobs (the provisioner's lifecycle pass). The
+    jobs are read only when an interval is due (about once an hour, and when a machine
+    ends)."""
     records = store.instances()
     done = book.settled()
-    open_ = [r for r in records if r.request_id not in done]
-    if not open_:
-        return accrue(book, records, [], lambda i: 1, now)
+    if not any(r.request_id not in done and due(book, r, now) for r in records):
+        return Accrued(set(), 0, release_orphans(book, records, now), [])
     offers = {o.id: o.gpu_count for o in store.offers(now, include_blocked=True)}
     nodes = {n.id: len(n.gpus) for n in store.nodes()}
 

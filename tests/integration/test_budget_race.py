@@ -1,12 +1,12 @@
 """Several scheduler processes race for a team's last dollars on one real Redis server.
 
-Six jobs of team ``vision`` wait past their SLA with no on-prem node; every burst costs $8.40
-(an on-demand $4/h machine for a 2 h limit, a 60 s boot and the 300 s idle tail) and the hard
-cap is $20: room for two. Four processes (real subprocesses, no leader among them) each read
-the snapshot first (so each sees the whole $20 free and plans two bursts), then, released
-together, plan with the spillway policy and reserve through the actuator's step. However their
-writes interleave, exactly two launches get their money and the team's reserved dollars stay
-within the cap.
+Six jobs of team ``vision`` are about to break their SLA with no on-prem node; every burst
+costs $8.40 (an on-demand $4/h machine for a 2 h limit, a 60 s boot and the 300 s idle tail)
+and the hard cap is $20: room for two. Four processes (real subprocesses, no leader among
+them) each read the snapshot first (so each sees the whole $20 free and plans two bursts),
+then, released together, plan with the spillway policy and reserve through the actuator's
+step. However their writes interleave, exactly two launches get their money and the team's
+reserved dollars stay within the cap.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_schedulers_racing_for_the_last_dollar(redis_url: str, redis_client: red
     store.publish_offers([OFFER], NOW)
     for _ in range(6):
         store.submit(JobSpec(command="true", gpus=1, team="vision", priority="high",
-                             time_limit="2h"), NOW - 7200)
+                             time_limit="2h"), NOW - 1600)  # SLA (30 min) breaks in 200 s
     book = budget_book(store)
     book.set(Budget("vision", 20.0, "total"), "test", NOW)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -62,7 +62,7 @@ def test_a_burst_past_a_hard_cap_is_refused_and_explained(url: str) -> None:
     now = time.time()
     store.publish_offers([OFFER], now)
     job = store.submit(JobSpec(command="true", gpus=1, team="vision", priority="high",
-                               time_limit="2h"), now - 7200)  # its SLA broke long ago
+                               time_limit="2h"), now - 1600)  # its SLA breaks in 200 s
 
     def cycle() -> None:
         snap = SnapshotBuilder(store).build(time.time())
