@@ -145,3 +145,27 @@ def test_json_output_masks_a_specs_secret_env_and_url_passwords() -> None:
     out = masked([record])[0]
     assert out["spec"]["env"] == {"HF_TOKEN": "***", "LR": "0.1", "DB": "postgres://u:***@db/x"}
     assert PW not in str(out) and out["id"] == "j-1"
+
+
+def test_the_simulators_output_and_json_carry_no_secret(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    planted = {"AWS_SECRET_ACCESS_KEY": "PLANTED-sim-aws-77", "SPILLWAY_TOKEN": "PLANTED-sim-t"}
+    (tmp_path / "config.yaml").write_text(
+        f"redis_url: redis://:{PW}@10.0.0.9:6379/0\nmetrics_token: PLANTED-sim-metrics\n"
+        "metrics_basic_auth: ops:PLANTED-sim-basic\n")
+    (tmp_path / "c.yaml").write_text(
+        "name: tiny\nnodes:\n  - {prefix: a, count: 1, gpus: 4xA100-80GB}\n")
+    (tmp_path / "t.csv").write_text(
+        "submit_time,duration_s,num_gpus,team,priority,time_limit_s\n"
+        + "".join(f"{i * 60},600,{1 + i % 2},red,normal,7200\n" for i in range(6)))
+    result = CliRunner().invoke(
+        app, ["--config", str(tmp_path / "config.yaml"), "simulate", "--trace",
+              str(tmp_path / "t.csv"), "--cluster", str(tmp_path / "c.yaml"), "--json",
+              str(tmp_path / "m.json"), "--print-json"], env=planted)
+    assert result.exit_code == 0, result.output
+    text = result.output + (tmp_path / "m.json").read_text()
+    for secret in (PW, "PLANTED-sim-metrics", "PLANTED-sim-basic", *planted.values()):
+        assert secret not in text
