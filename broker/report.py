@@ -266,7 +266,8 @@ def build(inputs: Inputs, emit: Emit, chargeback: Chargeback, by: str = "team",
         rows = [{"key": k, **grouped.get(k, Cell()).row()} for k in keys]
     by_zone: dict[str, Cell] = defaultdict(Cell)
     for (_, site, _), cell in sums.items():
-        by_zone[zones.get(site, "") or UNKNOWN_ZONE].add(cell)
+        if cell.gpu_hours > 0:  # (a site with charges and no runs emits nothing here)
+            by_zone[zones.get(site, "") or UNKNOWN_ZONE].add(cell)
     notes = list(inputs.notes)
     unknown = total.unknown_gpu_hours
     if unknown > 0:

@@ -26,7 +26,7 @@ W, H = 760, 300
 ML, MR, MT, MB = 72, 24, 16, 40
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse}
-td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:right}
+td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
 td:first-child,th:first-child{text-align:left}.over{color:#c00;font-weight:bold}
 svg{background:#fff;border:1px solid #eee}.legend span{margin-right:14px}
 .sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
@@ -108,23 +108,28 @@ def spend_chart(report: dict[str, Any]) -> str:
 
 def bar_chart(chart_id: str, rows: Sequence[tuple[str, float, str]], unit: str) -> str:
     """Horizontal bars: (label, value, tooltip) each, one ``rect.bar`` per row."""
-    lw, bh, gap = 230, 18, 8
+    lw, bh, gap = 300, 18, 8
     height = MT + len(rows) * (bh + gap) + 8
     top = max([v for _, v, _ in rows] + [1e-9])
-    pw = W - lw - 110
+    pw = W - lw - 100
     out = [f'<svg id="{chart_id}" xmlns="http://www.w3.org/2000/svg" width="{W}" '
            f'height="{height}" viewBox="0 0 {W} {height}" role="img">']
     for i, (label, value, tip) in enumerate(rows):
         yy = MT + i * (bh + gap)
         width = pw * value / top if top > 0 else 0.0
         out.append(f'<text x="{lw - 8}" y="{yy + 13}" font-size="12" text-anchor="end">'
-                   f'{escape(label)}</text><rect class="bar" x="{lw}" y="{yy}" '
+                   f'{escape(short(label))}</text><rect class="bar" x="{lw}" y="{yy}" '
                    f'width="{_f(max(width, 1.0 if value > 0 else 0.0))}" height="{bh}" '
                    f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(tip)}</title></rect>'
                    f'<text x="{_f(lw + width + 6)}" y="{yy + 13}" font-size="12">'
                    f'{escape(unit.format(value))}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def short(label: str, most: int = 44) -> str:
+    """A label cut to ``most`` characters from the left (a site id's end says most)."""
+    return label if len(label) <= most else "\u2026" + label[-(most - 1):]
 
 
 def _table(heads: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
