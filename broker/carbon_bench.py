@@ -186,9 +186,9 @@ def replay(true: dict[str, Any], fc: dict[str, Any], home: str,
     smooth = s.smooth if s.smooth is not None else smoothing_for(s.forecast_error)
     for submit, work in jobs:
         due = deadline_of(submit, work, s.deadline)
-        now_run = ((submit, submit + work),)
+        now_run: tuple[tuple[float, float], ...] = ((submit, submit + work),)
         base += _emissions(true[home], now_run)
-        best: tuple[float, str, Sequence[tuple[float, float]]] | None = None
+        best: tuple[float, str, tuple[tuple[float, float], ...]] | None = None
         for zone in zones:
             d = _decide(fc[zone], submit, work, due, s.interruptible, smooth)
             runs = d.runs if d is not None else now_run

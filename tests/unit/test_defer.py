@@ -8,8 +8,9 @@ import pytest
 
 from broker.config import DEFAULT_CLASSES, parse_classes
 from broker.errors import ConfigError
-from broker.model import PriorityClass, Site
+from broker.model import Allocation, Attempt, PriorityClass, Site
 from broker.scheduler import run_cycle
+from broker.state import EvictionKind, JobState
 from policies.carbon_window import (
     cleanest_slots,
     cleanest_start,
@@ -165,3 +166,37 @@ def test_the_flexible_class_setting(value: object, ok: bool) -> None:
     else:
         with pytest.raises(ConfigError, match=r"classes\[0\].flexible: 'yes' must be true or"):
             parse_classes(raw)
+
+
+def _running(start: float, now: float, deadline: float) -> object:
+    """A checkpointed deadline job on node n, running since ``start``, 4 h of work."""
+    alloc = (Allocation("n", ("GPU-n-0",)),)
+    j = job("r", 1, priority="low", submitted=start, state=JobState.RUNNING,
+            allocations=alloc, time_limit=4 * H, deadline=deadline,
+            checkpoint_dir="/ckpt")
+    j = replace(j, started_at=start, attempts=(Attempt(1, alloc, start),))
+    snap = replace(snapshot([node("n", 1)], [], [j], now=now), classes=FLEX,
+                   sites=(Site(carbon_zone="DE"),), carbon_forecast={"DE": tuple(DAY)},
+                   settings={"carbon": {"step_s": H}})
+    return run_cycle(snap, PolicySet(defer="carbon"))
+
+
+@pytest.mark.parametrize(("start", "now", "deadline", "paused", "wake"), [
+    # ran 04:00-05:00, 3 h left, clean 06:00-10:00 ahead: pauses now, wakes at 06:00
+    (4 * H, 5 * H, 24 * H, True, 6 * H),
+    # in the clean hours: keeps running (nothing to wake for: no pause ahead)
+    (6 * H, 7 * H, 24 * H, False, None),
+    # 3 h left and the deadline at 08:00: no slack, it keeps running
+    (4 * H, 5 * H, 8 * H, False, None),
+    # ran 03:00-05:00, 2 h left before a 09:00 deadline: waits for 06:00-08:00
+    (3 * H, 5 * H, 9 * H, True, 6 * H),
+])
+def test_a_running_checkpointed_job_pauses_through_a_dirty_peak(
+        start: float, now: float, deadline: float, paused: bool, wake: float | None) -> None:
+    plan_ = _running(start, now, deadline)
+    kinds = [p.kind for p in plan_.preemptions]  # type: ignore[attr-defined]
+    assert kinds == ([EvictionKind.CARBON] if paused else [])
+    assert plan_.wake_at == wake  # type: ignore[attr-defined]
+    if paused:
+        assert "pausing for cleaner power in DE until" in \
+            plan_.preemptions[0].reason  # type: ignore[attr-defined]
