@@ -67,12 +67,8 @@ def budget_book(store: BaseStore) -> BudgetBook:
 def with_budgets(snap: Snapshot, book: BudgetBook) -> Snapshot:
     """``snap`` with each budgeted team's cap (``budgets``), dollars committed in the cap's
     current window (``spend``: spent + reserved) and the soft caps (``soft_budgets``)."""
-    caps = book.budgets()
+    caps, spend = book.committed(snap.now)
     if not caps:
         return snap
-    reserved = book.reserved()
-    wids = window_ids(snap.now)
-    spend = {t: book.spent(t).get(wids[b.window], 0.0) + reserved.get(t, 0.0)
-             for t, b in caps.items()}
     return replace(snap, budgets={t: b.amount for t, b in caps.items()}, spend=spend,
                    soft_budgets=frozenset(t for t, b in caps.items() if not b.hard))

@@ -211,6 +211,15 @@ class BudgetBook(ABC):
         pct = 100.0 * self.spent(team).get(wid, 0.0) / b.amount
         return [a for a in b.alerts if pct + EPS >= a and self._fire(team, f"{wid}:{a:g}", now)]
 
+    def committed(self, now: float) -> tuple[dict[str, Budget], dict[str, float]]:
+        """Every budget, and each budgeted team's dollars spent in its cap's current window
+        plus reserved (what a snapshot needs)."""
+        caps = self.budgets()
+        reserved = self.reserved()
+        wids = window_ids(now)
+        return caps, {t: self.spent(t).get(wids[b.window], 0.0) + reserved.get(t, 0.0)
+                      for t, b in caps.items()}
+
     def status(self, team: str, now: float) -> dict[str, Any]:
         """What ``spillway budget show`` prints of one team."""
         b = self.budgets().get(team)

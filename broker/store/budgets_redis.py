@@ -89,6 +89,21 @@ class RedisBudgets(BudgetBook):
     def reserved(self) -> dict[str, float]:
         return {_s(k): float(v) for k, v in self.r.hgetall(self.k_reserved).items()}
 
+    def committed(self, now: float) -> tuple[dict[str, Budget], dict[str, float]]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.k_budgets)
+        pipe.hgetall(self.k_reserved)
+        raw, reserved = pipe.execute()
+        caps = {_s(k): Budget.from_dict(json.loads(v)) for k, v in raw.items()}
+        if not caps:
+            return caps, {}
+        wids = window_ids(now)
+        for team, b in caps.items():
+            pipe.hget(self._k_spent(team), wids[b.window])
+        spent = pipe.execute()
+        res = {_s(k): float(v) for k, v in reserved.items()}
+        return caps, {t: float(x or 0.0) + res.get(t, 0.0) for t, x in zip(caps, spent)}
+
     def reservations(self) -> list[Reservation]:
         out = []
         for k, v in self.r.hgetall(self.k_res).items():

@@ -130,6 +130,8 @@ def test_book_reserves_all_or_none_charges_once_and_settles(book: BudgetBook) ->
     assert not book.charge("i1", 8, [part("a", 1.0)], NOW)  # settled: nothing more
     assert book.fire_alerts("b", NOW) == [50.0] and book.fire_alerts("b", NOW) == []
     assert book.status("a", NOW)["left"] == pytest.approx(10 - 2 - 4)
+    caps, committed = book.committed(NOW)
+    assert set(caps) == {"a", "b"} and committed["a"] == pytest.approx(2 + 4)
     assert book.remove("a", "carol", NOW) and not book.remove("a", "carol", NOW)
     assert [(h["team"], h["action"], h["who"]) for h in book.history()] == [
         ("a", "set", "alice"), ("b", "set", "bob"), ("a", "rm", "carol")]
