@@ -16,11 +16,13 @@ import logging
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from broker.config import Config
 from broker.energy import emissions_kg
 from broker.energy_settings import build_source
+from broker.ledger_report import spend_rows
 from broker.model import Instance, Job, Node
 from broker.report import Charge, Inputs, Run
 from broker.report_window import ReportError, Window
@@ -118,9 +120,11 @@ def runs_of(jobs: Iterable[Job], places: Places, start: float, end: float,
     return out
 
 
-def charges_of(book: BudgetBook) -> list[Charge]:
-    return [Charge(team, site, day, usd) for (team, site, day), (usd, _, _) in
-            sorted(book.sums().items())]
+def charges_of(book: BudgetBook, window: Window) -> list[Charge]:
+    """The ledger's charges on the window's days (its read API, broker/ledger_report.py)."""
+    until = (window.last + timedelta(days=1)).isoformat()
+    return [Charge(r.team, r.site, r.day, r.usd)
+            for r in spend_rows(book, since=window.first.isoformat(), until=until)]
 
 
 class StaticAverages:
@@ -183,12 +187,12 @@ def gather(store: BaseStore, config: Config, window: Window, now: float,
            team: str | None = None) -> tuple[Inputs, Emitter]:
     """The report's inputs from ``store`` (see the module docstring), and its emitter."""
     book = budget_book(store)
-    charges = charges_of(book)
+    charges = charges_of(book, window)
     budgets = book.budgets()
     jobs = [*store.list_jobs(), *archived_jobs(store)]
     runs = runs_of(jobs, Places.of(store, now), window.start, min(window.end, now), now)
     if team is not None:
-        known = set(budgets) | {c.team for c in charges} | {j.team for j in jobs}
+        known = set(budgets) | {k[0] for k in book.sums()} | {j.team for j in jobs}
         if team not in known:
             allowed = ", ".join(sorted(known)[:20]) or "none yet"
             raise ReportError("--team", f"{team!r} has no budget, charge or job in the store",
