@@ -239,7 +239,8 @@ def test_a_wrong_password_is_one_clear_line_not_a_retry_loop(server: Server,
                                                              tmp_path: Path) -> None:
     url, password = server.user("api", tls=False)
     wrong = url.replace(password, "not-the-password")
-    for args in (["queue"], ["worker", "--node-id", "nope", "--gpus", "1xA100-80GB"]):
+    for args in (["queue"], ["worker", "--node-id", "nope", "--gpus", "1xA100-80GB"],
+                 ["scheduler"]):
         done = cli(wrong, tmp_path, *args)
         text = done.stdout + done.stderr
         assert done.returncode == 1, text
