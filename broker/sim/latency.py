@@ -87,9 +87,10 @@ class Latencies:
 
     def times(self, k: float) -> Latencies:
         """Every delay multiplied by ``k`` (real seconds -> trace seconds at time scale k)."""
-        return Latencies(**{f.name: tuple(v * k for v in getattr(self, f.name))
-                            if f.name == "dispatch_samples" else getattr(self, f.name) * k
-                            for f in fields(self)})
+        scaled: dict[str, Any] = {f.name: getattr(self, f.name) * k for f in fields(self)
+                                  if f.name != "dispatch_samples"}
+        return Latencies(**scaled, dispatch_samples=tuple(v * k for v in
+                                                          self.dispatch_samples))
 
     def as_dict(self) -> dict[str, float]:
         """The delays (``dispatch_samples`` as their count and mean)."""
