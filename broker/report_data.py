@@ -176,11 +176,17 @@ class Emitter:
                                                   self.config.onprem_price_per_gpu_hour)
 
 
-def emitter(config: Config) -> Emitter:
+def emitter(config: Config) -> tuple[Emitter, list[str]]:
+    """The emitter over the configured source when it holds measured history (CSV series);
+    else over the zones' yearly averages (a web source knows a day of history at most, and a
+    call per run would be slow), with a note saying so."""
     source = build_source(config.carbon)
-    if source is None:
-        source = StaticAverages(config.carbon.averages)
-    return Emitter(config, source)
+    if source is not None and callable(getattr(source, "actual", None)):
+        return Emitter(config, source), []
+    notes = [] if source is None else [
+        f"carbon source {config.carbon.source} keeps no history of past windows; the zones' "
+        "yearly averages were used (configure a csv source for measured series)"]
+    return Emitter(config, StaticAverages(config.carbon.averages)), notes
 
 
 def gather(store: BaseStore, config: Config, window: Window, now: float,
@@ -204,7 +210,8 @@ def gather(store: BaseStore, config: Config, window: Window, now: float,
     if unknown_sites:
         notes.append(f"{unknown_sites} run(s) on nodes no record names any more: site "
                      "'unknown' (no chargeback, no emissions)")
-    em = emitter(config)
+    em, more = emitter(config)
+    notes += more
     return Inputs(window, now, charges, runs, budgets, book.reserved(), spent_total, team,
                   em.source.name, notes), em
 

@@ -185,3 +185,29 @@ def test_unwritable_out_file(url: str, tmp_path: Path) -> None:
     code, _, err = cli(url, tmp_path, "--format", "csv", "--out",
                        str(tmp_path / "no" / "such" / "dir.csv"))
     assert code == 1 and "--out: cannot write" in err
+
+
+def test_emissions_from_a_csv_carbon_source(url: str, tmp_path: Path) -> None:
+    """With a CSV source (the shipped 2022 series moved onto 2026) the on-prem run's
+    emissions follow the hourly series of its zone; a zone the series lack (DE, the AWS
+    machine's) falls back to its yearly average, and the report says so."""
+    from broker.energy import EnergyModel
+    from broker.energy_settings import CarbonSettings, build_source
+    from providers.carbon.base import integrate
+    from providers.carbon.csv import SHIPPED_2022
+
+    carbon = f"carbon: {{source: csv, files: ['{SHIPPED_2022}'], shift_to_year: 2026}}\n"
+    (tmp_path / "config.yaml").write_text(CONFIG.replace("DE", "ES") + carbon)
+    code, out, _ = cli(url, tmp_path, "--month", "2026-11", "--format", "json")
+    assert code == 0
+    r = json.loads(out)
+    src = build_source(CarbonSettings("csv", {"files": [str(SHIPPED_2022)],
+                                              "shift_to_year": 2026}))
+    a = ts("2026-11-02T08:00:00")
+    grams_h = integrate(src.actual("ES", a, a + 36000), a, a + 36000) / 3600  # g/kWh x h
+    kw = EnergyModel().power_kw(2, "A100-80GB") * 1.55
+    zones = {z["zone"]: z["kg_co2e"] for z in r["zones"]}
+    assert zones["ES"] == pytest.approx(kw * grams_h / 1000, abs=1e-3)
+    assert zones["ES"] != pytest.approx(kw * 10 * 167 / 1000, abs=0.01)  # not the average
+    assert zones["DE"] == pytest.approx(CLOUD_KG, abs=1e-3)
+    assert any("no data for zone(s) DE" in n for n in r["notes"])

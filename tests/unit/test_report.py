@@ -237,3 +237,19 @@ def test_the_report_says_its_forecast_method() -> None:
     assert r["totals"]["forecast_usd"] == 90.0
     cum = [d["cumulative"]["vision"] for d in r["days"]]
     assert cum[0] == 0.0 and cum[1] == 30.0 and cum[-1] == 30.0
+
+
+def test_a_web_carbon_source_is_not_called_for_past_windows() -> None:
+    from dataclasses import replace
+
+    from broker.config import Config
+    from broker.energy_settings import parse_carbon
+    from broker.report_data import emitter
+
+    cfg = replace(Config(), carbon=parse_carbon({"source": "electricitymaps", "token": "t",
+                                                  "url": "http://127.0.0.1:9"}))
+    em, notes = emitter(cfg)
+    assert em.source.name == "static yearly averages" and "yearly averages" in notes[0]
+    zone, kg, kwh = em("aws:eu-central-1:eu-central-1a:spot", 1, "V100-16GB", 0.0, 3600.0)
+    assert (zone, kg) == ("DE", pytest.approx(kwh * 315 / 1000))
+    assert em("onprem", 1, "V100-16GB", 0.0, 3600.0)[:2] == ("", None)  # no zone set
