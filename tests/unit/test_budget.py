@@ -226,9 +226,11 @@ def test_the_lifecycle_pass_charges_a_store_once_however_often_it_runs() -> None
     store.report(job.id, 1, Started(0), t0 + 600)
     store.report(job.id, 1, Exited(0, 0), t0 + 2400)  # 30 min on 1 of the 2 GPUs
     store.move_instance("r1", InstanceState.TERMINATED, t0 + 3600, "idle")
+    # three passes (a pass repeated, or restarted) charge nothing twice
     book = budget_book(store)
-    for _ in range(3):  # a pass repeated (or restarted) charges nothing twice
-        accrue_store(store, book, t0 + 7200)
+    book.set(Budget("vision", 1.0, "total", alerts=(40, 60)), "finance", t0)
+    fired = [accrue_store(store, book, t0 + 7200).alerts for _ in range(3)]
+    assert fired == [[("vision", 40.0)], [], []]  # $0.50 of $1: once
     sums = {k[0]: v for k, v in book.sums().items()}
     assert sums["vision"] == pytest.approx((2.0 * 0.25, 1800.0, 0.0))  # $2/h x 1/2 x 1/2 h
     assert sums["_operator"][0] == pytest.approx(2.0 - 0.5)  # the rest: launched by hand
