@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigError
-from policies.spot_deadline import DeadlineRule, Mode
+from policies.spot_deadline import DeadlineRule, Mode, SpotMarket
 
 TRACE_GLOBS = ("aws-02-15-2023/*.json", "aws-10-26-2022/*_v100_1.json")
 
@@ -36,19 +36,19 @@ class Setup:
     starts: int = 200
 
 
-# (mode, slack, step, spot up, t, work done, recent spot availability) -> mode
-Decide = Callable[[Mode, float, float, bool, float, float, float], Mode]
+# (mode, slack, step, spot up, t, work done, what was seen of the market) -> mode
+Decide = Callable[[Mode, float, float, bool, float, float, SpotMarket], Mode]
 
 
 def ours(rule: DeadlineRule, s: Setup) -> Decide:
-    return lambda mode, slack, step, up, t, done, avail: rule.decide(
-        mode, slack, step, up, s.work_h - done, s.deadline_h - t, avail)
+    return lambda mode, slack, step, up, t, done, market: rule.decide(
+        mode, slack, step, up, s.work_h - done, s.deadline_h - t, market)
 
 
 def greedy(d: float) -> Decide:
     """Spot whenever it is there; wait otherwise; on-demand for good once the slack is gone."""
     def decide(mode: Mode, slack: float, step: float, up: bool, t: float, done: float,
-               avail: float) -> Mode:
+               market: SpotMarket) -> Mode:
         if mode is Mode.ONDEMAND or slack - step < d:
             return Mode.ONDEMAND
         return Mode.SPOT if up and slack - d >= d else Mode.IDLE
@@ -56,20 +56,19 @@ def greedy(d: float) -> Decide:
 
 
 def replay(avail: Sequence[bool], gap_s: float, start: int, s: Setup, decide: Decide,
-           seen: Sequence[int], window: int) -> tuple[float, bool]:
-    """(cost, met the deadline) of one job started at step ``start``; ``seen``: prefix sums
-    of the availability (over the trace twice), for the share over the last ``window``
-    steps."""
+           market: SpotMarket) -> tuple[float, bool]:
+    """(cost, met the deadline) of one job started at step ``start``; ``market`` has seen
+    the steps before the start (the scheduler watched the market before the job came) and
+    is shown each step as it comes."""
     g, n = gap_s / 3600.0, len(avail)
     t = cost = change = 0.0
     left, mode, i = s.work_h, Mode.IDLE, start
     while left > 1e-9:
         up = avail[i % n]
+        market.observe(up)
         if mode is Mode.SPOT and not up:
             mode, change = Mode.IDLE, 0.0  # the provider took it back; progress is kept
-        lo = max(0, i - window)
-        share = (seen[i] - seen[lo]) / (i - lo) if i > lo else 0.5
-        new = decide(mode, s.deadline_h - t - left, g, up, t, s.work_h - left, share)
+        new = decide(mode, s.deadline_h - t - left, g, up, t, s.work_h - left, market)
         if new is not mode:
             mode, change = new, (s.changeover_h if new is not Mode.IDLE else 0.0)
         if mode is Mode.IDLE:
@@ -103,7 +102,8 @@ def load(folder: str | Path) -> list[tuple[str, tuple[bool, ...], float]]:
 
 
 def run(folder: str | Path, s: Setup, rule: DeadlineRule | None = None) -> dict[str, Any]:
-    rule = rule or DeadlineRule(changeover_h=s.changeover_h)
+    rule = rule or DeadlineRule(changeover_h=s.changeover_h, spot_price=s.spot_price,
+                                ondemand_price=s.ondemand_price)
     policies: dict[str, Decide] = {"spillway": ours(rule, s), "greedy": greedy(s.changeover_h)}
     base = (s.work_h + s.changeover_h) * s.ondemand_price
     per: dict[str, dict[str, Any]] = {}
@@ -114,15 +114,16 @@ def run(folder: str | Path, s: Setup, rule: DeadlineRule | None = None) -> dict[
         if span < 1:
             raise ConfigError(f"trace {name} is shorter than the deadline")
         starts = [round(k * span / s.starts) for k in range(s.starts)]
-        seen = [0]
-        for a in avail + avail:
-            seen.append(seen[-1] + a)
-        window = max(1, int(rule.window_h * 3600 / gap))
         row: dict[str, Any] = {}
         for pol, decide in policies.items():
             costs = []
-            for st in starts:
-                cost, ok = replay(avail, gap, st, s, decide, seen, window)
+            watch = rule.market(gap / 3600.0)
+            seen = max(0, starts[0] - watch.history)
+            for st in starts:  # one watcher of the market, copied at each start
+                for j in range(seen, st):
+                    watch.observe(avail[j])
+                seen = st
+                cost, ok = replay(avail, gap, st, s, decide, watch.copy())
                 costs.append(cost / base)
                 misses[pol] += not ok
             row[pol] = round(statistics.fmean(costs), 4)
