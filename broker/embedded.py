@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -207,7 +208,7 @@ class LocalCluster:
         password: the embedded server's URL file read by the shell, or the configured URL
         with its password masked (the user has it)."""
         if self.server is not None:
-            return f'"$(cat {self.server.url_file})"'
+            return f'"$(cat {shlex.quote(str(self.server.url_file))})"'
         return redact_url(self.url)
 
     def start(self, register_timeout: float = 60.0) -> None:

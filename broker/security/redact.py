@@ -30,7 +30,7 @@ _SECRET_NAME = re.compile(r"(^|_)(PASSWORD|PASSWD|PASS|SECRET|TOKEN|CREDENTIALS?
 _URL_VARS = ("SPILLWAY_REDIS_URL", "REDIS_URL", "CELERY_BROKER_URL")
 #: user:password@ inside any URL, e.g. redis://agent-n1:s3cret@host:6379/0.
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s/]+)@")
-_MIN_SECRET = 4  # shorter values are not scrubbed from texts (they would mangle them)
+_MIN_SECRET = 8  # shorter values are not scrubbed from texts (they would mangle them: "true")
 
 
 def redact_url(url: str) -> str:
