@@ -22,11 +22,13 @@ from broker.report_render import money, pct, summary_lines, title
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
            "#e377c2", "#7f7f7f", "#bcbd22")
+SITE_COLOUR, ZONE_COLOUR = "#4e79a7", "#59a14f"  # the bars (teams' colours are the lines')
 W, H = 760, 300
 ML, MR, MT, MB = 72, 24, 16, 40
-CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse}
-td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}
+table{font-size:13px}td,th{padding:3px 7px;border-bottom:1px solid #ddd;text-align:right;
+white-space:nowrap}
 td:first-child,th:first-child{text-align:left}.over{color:#c00;font-weight:bold}
 svg{background:#fff;border:1px solid #eee}.legend span{margin-right:14px}
 .sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
@@ -106,7 +108,8 @@ def spend_chart(report: dict[str, Any]) -> str:
                           "forecast)</div>"
 
 
-def bar_chart(chart_id: str, rows: Sequence[tuple[str, float, str]], unit: str) -> str:
+def bar_chart(chart_id: str, rows: Sequence[tuple[str, float, str]], unit: str,
+              colour: str) -> str:
     """Horizontal bars: (label, value, tooltip) each, one ``rect.bar`` per row."""
     lw, bh, gap = 300, 18, 8
     height = MT + len(rows) * (bh + gap) + 8
@@ -120,7 +123,7 @@ def bar_chart(chart_id: str, rows: Sequence[tuple[str, float, str]], unit: str) 
         out.append(f'<text x="{lw - 8}" y="{yy + 13}" font-size="12" text-anchor="end">'
                    f'{escape(short(label))}</text><rect class="bar" x="{lw}" y="{yy}" '
                    f'width="{_f(max(width, 1.0 if value > 0 else 0.0))}" height="{bh}" '
-                   f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(tip)}</title></rect>'
+                   f'fill="{colour}"><title>{escape(tip)}</title></rect>'
                    f'<text x="{_f(lw + width + 6)}" y="{yy + 13}" font-size="12">'
                    f'{escape(unit.format(value))}</text>')
     out.append("</svg>")
@@ -173,9 +176,10 @@ def to_html(report: dict[str, Any]) -> str:
         f"<h1>{escape(title(report))}</h1>",
         "".join(f'<p class="note">{escape(line)}</p>' for line in summary_lines(report)),
         "<h2>Cloud spend against caps</h2>", spend_chart(report), teams_html(report),
-        "<h2>Spend by site</h2>", bar_chart("site-chart", sites, "${:,.2f}") if sites else empty,
+        "<h2>Spend by site</h2>",
+        bar_chart("site-chart", sites, "${:,.2f}", SITE_COLOUR) if sites else empty,
         "<h2>Emissions by zone</h2>",
-        bar_chart("zone-chart", zones, "{:,.1f} kg") if zones else empty,
+        bar_chart("zone-chart", zones, "{:,.1f} kg", ZONE_COLOUR) if zones else empty,
     ]
     if by != "team":
         parts += [f"<h2>By {escape(by)}</h2>",

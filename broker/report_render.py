@@ -80,8 +80,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
              f"{report['window']['to']}), on-prem chargeback ${tot['onprem_usd']:,.2f}, "
              f"{tot['gpu_hours']:,.1f} GPU-h, {tot['kg_co2e']:,.1f} kgCO2e "
              f"({tot['energy_kwh']:,.1f} kWh)",
-             f"Forecast: {report['forecast']['how']}",
-             f"Carbon: {report['carbon_source']}"]
+             f"Forecast: {report['forecast']['how']}"]
+    if report["carbon_source"]:
+        lines.append(f"Carbon: {report['carbon_source']}")
     return lines + [f"Note: {n}" for n in report["notes"]]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker.report import Charge, Inputs, Run, build
-from broker.report_html import PALETTE, to_html
+from broker.report_html import PALETTE, SITE_COLOUR, ZONE_COLOUR, to_html
 from broker.report_window import parse_window
 from broker.store.budgets import Budget
 
@@ -115,6 +115,14 @@ def test_the_html_report_draws_its_charts_in_chromium(tmp_path: Path) -> None:
         assert img.size == (1000, 1400)
         colours = Counter({rgb: n for n, rgb in img.convert("RGB").getcolors(1 << 24) or ()})
     assert len(colours) > 50  # text, lines and bars, not a blank page
-    for hexa in PALETTE[:3]:  # the three teams' lines, the first three bars
-        rgb = tuple(int(hexa[i:i + 2], 16) for i in (1, 3, 5))
-        assert colours[rgb] > 200, (hexa, colours[rgb])
+
+    def near(hexa: str, within: int = 10) -> int:
+        """Pixels within ``within`` (per channel) of a colour: lines are antialiased."""
+        want = [int(hexa[i:i + 2], 16) for i in (1, 3, 5)]
+        return sum(n for rgb, n in colours.items()
+                   if all(abs(c - w) <= within for c, w in zip(rgb, want)))
+
+    assert near(SITE_COLOUR, 0) > 1000 and near(ZONE_COLOUR, 0) > 1000  # the bars, filled
+    for hexa in PALETTE[:3]:  # each team's lines (spend, cap, forecast) and legend swatch
+        assert near(hexa) > 300, (hexa, near(hexa))
+    assert near(PALETTE[3]) < 20  # no fourth team
