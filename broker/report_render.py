@@ -86,14 +86,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     return lines + [f"Note: {n}" for n in report["notes"]]
 
 
-def print_table(report: dict[str, Any], console: Console) -> None:
+def print_table(report: dict[str, Any], console: Console, width: int | None = None) -> None:
+    """The report as tables, made for ``width`` (None: natural width, for pipes and files)."""
+    from broker.cli.common import print_fitted
+
     parts: list[Any] = [Text(title(report), style="bold"), caps_table(report)]
     if report["by"] != "team":
         parts += [Text(""), rows_table(report)]
     if report["zones"]:
         parts += [Text(""), zones_table(report)]
     parts += [Text("")] + [Text(line) for line in summary_lines(report)]
-    console.print(Group(*parts))
+    print_fitted(Group(*parts), width, console)
 
 
 def to_csv(report: dict[str, Any]) -> str:

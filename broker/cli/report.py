@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cli.common import err, fail, out, settings, spec_error
+from broker.cli.common import err, fail, out, settings, spec_error, table_width
 from broker.cli.root import app
 from broker.report import BY, FORECASTS, build
 from broker.report_data import fallback_note, gather
@@ -66,7 +66,7 @@ def report(
         raise spec_error(e.field, e.problem, e.allowed) from None
     data["notes"] += fallback_note(em)
     if fmt == "table" and out_file is None:
-        print_table(data, out)
+        print_table(data, out, table_width())
         return
     if fmt == "table":
         from io import StringIO
@@ -74,7 +74,7 @@ def report(
         from rich.console import Console
 
         buf = StringIO()
-        print_table(data, Console(file=buf, width=200, no_color=True, highlight=False))
+        print_table(data, Console(file=buf, no_color=True, highlight=False))
         text = buf.getvalue()
     else:
         text = {"csv": to_csv, "html": to_html,

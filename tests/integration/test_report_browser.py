@@ -126,3 +126,16 @@ def test_the_html_report_draws_its_charts_in_chromium(tmp_path: Path) -> None:
     for hexa in PALETTE[:3]:  # each team's lines (spend, cap, forecast) and legend swatch
         assert near(hexa) > 300, (hexa, near(hexa))
     assert near(PALETTE[3]) < 20  # no fourth team
+
+
+def test_without_chromium_it_skips_saying_why_and_fails_in_ci(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    for var in ("CI", "SPILLWAY_CHROMIUM"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium"):
+        chromium()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="required in CI"):
+        chromium()
