@@ -174,3 +174,18 @@ def test_the_production_scale_down_rule_keeps_a_node_until_it_is_idle() -> None:
     assert inst.record.ended_at == pytest.approx(last + 300)
     assert inst.record.history[-1].reason == "idle for 300s"
     assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
+
+
+def test_the_local_provider_carries_the_offer_extra(tmp_path: Path) -> None:
+    from providers.base import ProviderConfigError
+    from providers.local import LocalProvider
+
+    p = LocalProvider("aws", "fidelity", gpus="4xV100-16GB", region="us-east-1", zone="",
+                      instance_type="p3.8xlarge", price_per_hour=12.24,
+                      state_dir=str(tmp_path), offer_extra={"boot_s": 1.8,
+                                                            "region_quota_gpus": 32.0})
+    assert p.offer.id == "aws:us-east-1:ondemand/p3.8xlarge"
+    assert p.offer.extra["boot_s"] == 1.8 and p.offer.extra["region_quota_gpus"] == 32.0
+    assert p.offer.extra["gpus"] == "4xV100-16GB"
+    with pytest.raises(ProviderConfigError, match=r"providers\.aws\.offer_extra"):
+        LocalProvider("aws", "fidelity", offer_extra=[1])
