@@ -8,7 +8,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -86,17 +86,15 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     return lines + [f"Note: {n}" for n in report["notes"]]
 
 
-def print_table(report: dict[str, Any], console: Console, width: int | None = None) -> None:
-    """The report as tables, made for ``width`` (None: natural width, for pipes and files)."""
-    from broker.cli.common import print_fitted
-
+def renderable(report: dict[str, Any]) -> Group:
+    """The report as Rich tables and lines (the CLI prints it fitted to the terminal)."""
     parts: list[Any] = [Text(title(report), style="bold"), caps_table(report)]
     if report["by"] != "team":
         parts += [Text(""), rows_table(report)]
     if report["zones"]:
         parts += [Text(""), zones_table(report)]
     parts += [Text("")] + [Text(line) for line in summary_lines(report)]
-    print_fitted(Group(*parts), width, console)
+    return Group(*parts)
 
 
 def to_csv(report: dict[str, Any]) -> str:

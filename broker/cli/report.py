@@ -11,12 +11,12 @@ from typing import Annotated
 
 import typer
 
-from broker.cli.common import err, fail, out, settings, spec_error, table_width
+from broker.cli.common import err, fail, print_fitted, settings, spec_error, table_width
 from broker.cli.root import app
 from broker.report import BY, FORECASTS, build
 from broker.report_data import fallback_note, gather
 from broker.report_html import to_html
-from broker.report_render import FORMATS, print_table, to_csv
+from broker.report_render import FORMATS, renderable, to_csv
 from broker.report_window import ReportError, parse_window
 
 Opt = typer.Option
@@ -66,7 +66,7 @@ def report(
         raise spec_error(e.field, e.problem, e.allowed) from None
     data["notes"] += fallback_note(em)
     if fmt == "table" and out_file is None:
-        print_table(data, out, table_width())
+        print_fitted(renderable(data), table_width())
         return
     if fmt == "table":
         from io import StringIO
@@ -74,7 +74,7 @@ def report(
         from rich.console import Console
 
         buf = StringIO()
-        print_table(data, Console(file=buf, no_color=True, highlight=False))
+        print_fitted(renderable(data), None, Console(file=buf, no_color=True, highlight=False))
         text = buf.getvalue()
     else:
         text = {"csv": to_csv, "html": to_html,
