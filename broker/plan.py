@@ -51,7 +51,7 @@ class Snapshot:
     offers: tuple[Offer, ...] = ()  # cloud capacity that could be rented now
     instances: tuple[Instance, ...] = ()  # cloud machines rented, in every state
     budgets: Mapping[str, float] = field(default_factory=dict)  # team -> $ cap, this window
-    spend: Mapping[str, float] = field(default_factory=dict)  # team -> $ spent, this window
+    spend: Mapping[str, float] = field(default_factory=dict)  # team -> $ spent + reserved, now
     soft_budgets: frozenset[str] = frozenset()  # teams whose cap is soft (policies/budget.py)
     prices: Mapping[str, float] = field(default_factory=dict)  # offer id -> $/hour now
     carbon: Mapping[str, float] = field(default_factory=dict)  # carbon zone -> gCO2e/kWh now
