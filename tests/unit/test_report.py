@@ -253,3 +253,16 @@ def test_a_web_carbon_source_is_not_called_for_past_windows() -> None:
     zone, kg, kwh = em("aws:eu-central-1:eu-central-1a:spot", 1, "V100-16GB", 0.0, 3600.0)
     assert (zone, kg) == ("DE", pytest.approx(kwh * 315 / 1000))
     assert em("onprem", 1, "V100-16GB", 0.0, 3600.0)[:2] == ("", None)  # no zone set
+
+
+def test_html_and_csv_carry_names_as_data() -> None:
+    from broker.report_html import to_html
+    from broker.report_render import to_csv
+
+    odd = "x<script>&\"'"
+    r = report([Charge(odd, AWS, "2026-11-02", 1.0)], budgets={odd: Budget(odd, 10.0)},
+               now=ts("2026-11-10T00:00:00"))
+    page = to_html(r)
+    assert "<script" not in page and "x&lt;script&gt;&amp;" in page
+    assert page.count('class="spend"') == 1 and page.count('class="forecast"') == 1
+    assert to_csv(r).splitlines()[1].startswith('"x<script>&""\'",1.0,0.0')
