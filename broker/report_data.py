@@ -87,8 +87,8 @@ class Places:
         the node, model from the job's ``gpu_types`` (or ``unknown``) when nothing else."""
         node = self.nodes.get(node_id)
         if node is not None:
-            models = [g.model for g in node.gpus if g.id in set(gpu_ids)] or \
-                [g.model for g in node.gpus]
+            held = set(gpu_ids)
+            models = [g.model for g in node.gpus if g.id in held] or [g.model for g in node.gpus]
             if models:
                 return node.site, models[0]
             site = node.site
