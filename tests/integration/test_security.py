@@ -24,6 +24,7 @@ from broker.client import Client
 from broker.security import acl
 from broker.state import JobState
 from tests.conftest import free_port, redis_answers
+from tests.integration.api_harness import ApiServer
 from tests.integration.harness import wait_until
 from tests.integration.tls_certs import Certs, make_certs
 
@@ -119,8 +120,11 @@ def env_with(url: str, tmp: Path) -> dict[str, str]:
     return env
 
 
-def cli(url: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], env=env_with(url, tmp),
+def cli(url: str, tmp: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**env_with(url, tmp), **extra}
+    if url.startswith("http"):  # the API server's URL (docs/api.md)
+        env["SPILLWAY_URL"] = env.pop("SPILLWAY_REDIS_URL")
+    return subprocess.run([sys.executable, "-m", "broker.cli", *args], env=env,
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
                           stdin=subprocess.DEVNULL)
 
@@ -163,6 +167,33 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
                                        for e in admin.acl_log()]
 
+        # the API server on its own Redis user (role api), a job submitted with a token
+        api_dir = tmp_path / "api"
+        api_dir.mkdir()
+        api = ApiServer(api_url, api_dir)
+        api.env.update(PLANTED)
+        api.start()
+        try:
+            made = cli(api_url, tmp_path, "token", "create", "--user", "alice", "--team",
+                       "vision")  # (printed once, by design: not scanned)
+            token = made.stdout.strip().splitlines()[-1]
+            assert made.returncode == 0 and len(token) > 20, made.stdout + made.stderr
+            secrets.add(token)
+            via_api = {"SPILLWAY_TOKEN": token, "SPILLWAY_CA_FILE": str(api.ca)}
+            sent = cli(api.url, tmp_path, "submit", "--gpus", "1", "--team", "vision", "--",
+                       "echo", "via-api", **via_api)
+            assert sent.returncode == 0, sent.stdout + sent.stderr
+            api_job = sent.stdout.strip().split()[-1]
+            with Client(api_url) as client:
+                ran = client.wait(api_job, timeout=60)
+                assert ran.state is JobState.SUCCEEDED, ran.history
+            shown_api = cli(api.url, tmp_path, "show", api_job, "--json", **via_api)
+            assert shown_api.returncode == 0, shown_api.stderr
+            seen_api = {"show via the API": shown_api.stdout + shown_api.stderr,
+                        "submit via the API": sent.stdout + sent.stderr}
+        finally:
+            api.stop()
+
         # an agent may rewrite a job's record (its reports do), never its sealed spec; and a
         # changed spec never runs
         agent = redis.Redis.from_url(agent_url)
@@ -181,7 +212,7 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             assert not any("TAMPERED-RAN" in x.text for x in client.logs(victim.id))
 
         # everything a user or operator sees, and every file the run wrote
-        seen = {"job output": job_out}
+        seen = {"job output": job_out, **seen_api}
         for args in (["show", job.id], ["show", job.id, "--json"], ["queue", "--all", "--json"],
                      ["logs", job.id], ["nodes"]):
             done_cli = cli(api_url, tmp_path, *args)
