@@ -129,6 +129,7 @@ def cli(url: str, tmp: Path, *args: str, **extra: str) -> subprocess.CompletedPr
                           stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         server: Server, tmp_path: Path) -> None:
     admin = server.admin
