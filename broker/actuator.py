@@ -18,7 +18,7 @@ from collections.abc import Callable
 from broker import commands
 from broker.config import Config
 from broker.errors import ConfigError
-from broker.ledger import reserve_plan
+from broker.ledger import Machine, payers_of, reserve_plan
 from broker.model import Instance, InstanceState, StateChange
 from broker.plan import Applied, Launch, Plan
 from broker.runtime import Runtime
@@ -80,16 +80,20 @@ def _team_of(rt: Runtime) -> Callable[[str], str]:
     return team
 
 
-def _machine_of(rt: Runtime) -> Callable[[str], str | None]:
-    """Node id -> the request id of the rented machine it is (read once, when first asked)."""
-    found: dict[str, str] | None = None
+def _machine_of(rt: Runtime) -> Callable[[str], Machine | None]:
+    """Node id -> the rented machine it is: its request id and who it was launched for (team
+    -> GPUs), read when first asked."""
+    found: dict[str, Instance] | None = None
 
-    def machine(node_id: str) -> str | None:
+    def machine(node_id: str) -> Machine | None:
         nonlocal found
         if found is None:
-            found = {i.node_id: i.request_id for i in rt.store.instances(live_only=True)
-                     if i.node_id}
-        return found.get(node_id)
+            found = {i.node_id: i for i in rt.store.instances(live_only=True) if i.node_id}
+        inst = found.get(node_id)
+        if inst is None:
+            return None
+        return inst.request_id, payers_of(inst, {j.id: j for j in rt.store.get_many(
+            list(inst.for_jobs)) if j is not None})
     return machine
 
 

@@ -37,6 +37,7 @@ from broker.plan import Plan
 from broker.store.base import BaseStore
 from broker.store.budgets import BudgetBook, Part
 from broker.store.instances import request_ids
+from policies.budget import LAUNCHERS
 from policies.reasons import budget_exhausted
 
 log = logging.getLogger(__name__)
@@ -58,28 +59,30 @@ class Use:
 # -- reserve ---------------------------------------------------------------------------------
 
 
+Machine = tuple[str, Mapping[str, float]]  # a rented machine: its key, its launchers' weights
+
+
 def reserve_plan(book: BudgetBook, plan: Plan, now: float,
                  teams: Callable[[str], str] | None = None,
-                 key_of: Callable[[str], str | None] | None = None) -> Plan:
+                 machine_of: Callable[[str], Machine | None] | None = None) -> Plan:
     """``plan`` less the starts and launches the book refuses (see the module docstring).
     ``teams``: job id -> team, for the reasons of the other jobs of a refused launch;
-    ``key_of``: node id -> the request id of the rented machine it is (starts on rented
-    machines reserve their share of it)."""
+    ``machine_of``: node id -> the rented machine it is (its request id, and team -> GPUs of
+    the jobs it was launched for), for starts on machines rented for others."""
     if not any(x.budget for x in plan.launches) and not any(x.budget for x in plan.starts):
         return plan
     starts, refused = [], {}
     for st in plan.starts:
-        parts: list[tuple[str, str, float]] = []
-        for node, team, usd in st.budget:
-            key = key_of(node) if key_of else None
-            if key:
-                parts.append((key, team, usd))
+        parts = _start_parts(st.budget, machine_of)
         no = book.reserve(parts, now, f"start:{st.job_id}:{st.attempt}") if parts else None
         if no is None:
             starts.append(st)
-        else:
-            refused[st.job_id] = budget_exhausted(no.team, no.cap, no.spent + no.reserved,
-                                                  no.need)
+            continue
+        why = budget_exhausted(no.team, no.cap, no.spent + no.reserved, no.need)
+        own = st.budget[0][1] if st.budget else no.team
+        refused[st.job_id] = why if own == no.team else Reason(
+            why.code, f"the rented machine it would start on pays its idle GPUs from team "
+                      f"{no.team}'s budget, which it would keep up; {why.message}")
     launches = []
     for launch in plan.launches:
         if not launch.budget:
@@ -103,6 +106,25 @@ def reserve_plan(book: BudgetBook, plan: Plan, now: float,
         return plan
     return replace(plan, starts=tuple(starts), launches=tuple(launches),
                    pending={**plan.pending, **refused})
+
+
+def _start_parts(budget: Sequence[tuple[str, str, float]],
+                 machine_of: Callable[[str], Machine | None] | None
+                 ) -> list[tuple[str, str, float]]:
+    """``Start.budget`` as reservation parts: each node's machine key, the launchers' part
+    split by their weights (none: a machine launched by hand, whose idle time no budget pays)."""
+    parts: list[tuple[str, str, float]] = []
+    for node, team, usd in budget:
+        machine = machine_of(node) if machine_of else None
+        if machine is None:
+            continue
+        key, payers = machine
+        if team != LAUNCHERS:
+            parts.append((key, team, usd))
+            continue
+        whole = sum(payers.values())
+        parts += [(key, t, usd * w / whole) for t, w in sorted(payers.items()) if whole]
+    return parts
 
 
 # -- charge ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import ConfigError
-from broker.ledger import charge_instance, payers_of, reserve_plan, uses_by_node
+from broker.ledger import Machine, charge_instance, payers_of, reserve_plan, uses_by_node
 from broker.model import Instance, InstanceState
 from broker.plan import Plan
 from broker.store.budgets import EPS, Budget, BudgetBook, BudgetError, budget_book
@@ -76,18 +76,22 @@ class SimBudgets:
     def apply(self, plan: Plan, now: float) -> Plan:
         """The plan less the launches whose reservation the book refuses."""
         kept = reserve_plan(self.book, plan, now, lambda j: self.sim.store.get(j).team,
-                            self._key_of)
+                            self._machine_of)
         for launch in kept.launches:
             for k, key in enumerate(request_ids(launch.request_id, launch.count)):
                 self.keys[f"{launch.request_id}-{k}"] = key
         return kept
 
-    def _key_of(self, node_id: str) -> str | None:
-        """The reservation key of the simulated machine that is node ``node_id``."""
+    def _machine_of(self, node_id: str) -> Machine | None:
+        """The simulated machine that is node ``node_id``: its reservation key, and team ->
+        GPUs of the jobs it was launched for."""
         inst = self.sim.cloud.by_node.get(node_id) if self.sim.cloud is not None else None
         if inst is None:
             return None
-        return self.keys.get(inst.record.provider_id, inst.record.provider_id)
+        jobs = {j: self.sim.store.get(j) for j in inst.for_jobs}
+        pid = inst.record.provider_id
+        return self.keys.get(pid, pid), payers_of(replace(inst.record, for_jobs=tuple(jobs)),
+                                                  jobs)
 
     def settle(self, now: float, horizon: bool = False) -> None:
         """Charge the machines that have ended (``horizon``: all of them, up to ``now``)."""

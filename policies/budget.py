@@ -24,7 +24,10 @@ time to the teams that caused the launch, broker/ledger.py).
 
 A job that starts on a machine rented for other jobs (its team pays for its GPUs' share of the
 machine, the ledger's split) is checked the same way, before the launches: past a hard cap
-the start is taken back. Each kept launch carries its shares in ``Launch.budget``, each such
+the start is taken back. It may also keep the machine up past what its launchers reserved, and
+they pay for the idle GPUs: its start reserves that too, for them (the machine's other GPUs
+for its expected runtime, plus an idle tail), and the store refuses the start if that would
+pass one of their hard caps. Each kept launch carries its shares in ``Launch.budget``, each such
 start in ``Start.budget``. With no budget in the snapshot the step changes nothing.
 """
 
@@ -42,6 +45,8 @@ from policies.cycle import Cycle
 from policies.offers import job_share_per_hour, offers_by_id, request_id, runtime_on
 from policies.reasons import budget_exhausted, dur
 from policies.registry import register
+
+LAUNCHERS = "@launchers"  # Start.budget: the teams the machine was launched for, by their GPUs
 
 CAPS_DEFAULTS: dict[str, float] = {
     "basis_predicted": 0.0,  # 0: a job's time limit bounds its cost; 1: predicted x factor
@@ -125,21 +130,23 @@ def caps(cycle: Cycle) -> None:
 
 def _starts(cycle: Cycle, by_id: Mapping[str, Job], committed: dict[str, float],
             cfg: Mapping[str, Any]) -> None:
-    """Starts on machines rented for other jobs: each costs its team its GPUs' share of the
-    machine for its expected runtime (the ledger charges it so); one that would pass a hard
-    cap is taken back (``BudgetExhausted``), the others carry their share in
-    ``Start.budget``."""
+    """Starts on machines rented for other jobs. Each costs its team its GPUs' share of the
+    machine for its expected runtime, and may keep the machine up: the machine's other GPUs
+    meanwhile, and an idle tail after, are charged to the teams it was launched for
+    (:data:`LAUNCHERS`, resolved when reserved). One whose own team's hard cap it would pass is
+    taken back (``BudgetExhausted``); the others carry both parts in ``Start.budget``."""
     snap = cycle.snap
     machines = {i.node_id: i for i in snap.instances if i.node_id}
     offers = offers_by_id(cycle)
+    tail_h = float(cfg["idle_tail_s"]) / 3600.0
     starts, started = [], []
     for st, run in zip(cycle.starts, cycle.started):
         job = by_id.get(st.job_id)
-        if job is None or job.team not in snap.budgets:
+        if job is None:
             starts.append(st)
             started.append(run)
             continue
-        parts = []
+        parts: list[tuple[str, str, float]] = []
         for a in st.allocations:
             inst, node = machines.get(a.node_id), snap.node_by_id.get(a.node_id)
             if inst is None or node is None or st.job_id in inst.for_jobs or not node.gpus:
@@ -147,15 +154,18 @@ def _starts(cycle: Cycle, by_id: Mapping[str, Job], committed: dict[str, float],
             offer = offers.get(inst.offer_id)
             price = offer.price_per_hour if offer is not None else inst.price_per_hour
             hours = job_runtime(cycle, job, node.gpus[0].model, cfg) / 3600.0
-            share = max(1, len(a.gpu_ids)) / len(node.gpus)
+            share = min(1.0, max(1, len(a.gpu_ids)) / len(node.gpus))
             parts.append((a.node_id, job.team, price * share * hours))
-        if parts:
-            need, cap = sum(p[2] for p in parts), snap.budgets[job.team]
+            parts.append((a.node_id, LAUNCHERS, price * ((1 - share) * hours + tail_h)))
+        if parts and job.team in snap.budgets:
+            need = sum(p[2] for p in parts if p[1] == job.team)
+            cap = snap.budgets[job.team]
             if job.team not in snap.soft_budgets and committed[job.team] + need > cap + 1e-6:
                 cycle.pending[job.id] = budget_exhausted(job.team, cap, committed[job.team],
                                                          need)
                 continue
             committed[job.team] += need
+        if parts:
             st = replace(st, budget=tuple(parts))
         starts.append(st)
         started.append(run)
