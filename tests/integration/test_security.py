@@ -141,17 +141,19 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
     agent_url, agent_pw = server.user("agent", node)
     secrets = {server.admin_password, sched_pw, api_pw, agent_pw, *PLANTED.values()}
     logs = {"scheduler": tmp_path / "scheduler.log", "agent": tmp_path / "agent.log"}
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(name: str, url: str, *args: str) -> None:
+        with open(logs[name], "ab") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "broker.cli", *args], env=env_with(url, tmp_path),
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
+
+    agent_args = ("worker", "--node-id", node, "--gpus", "1xA100-80GB", "--cpus", "2",
+                  "--memory", "4", "--work-dir", str(tmp_path / "work"))
     try:
-        for name, url, args in (
-                ("scheduler", sched_url, ["scheduler"]),
-                ("agent", agent_url, ["worker", "--node-id", node, "--gpus", "1xA100-80GB",
-                                      "--cpus", "2", "--memory", "4", "--work-dir",
-                                      str(tmp_path / "work")])):
-            with open(logs[name], "ab") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "broker.cli", *args], env=env_with(url, tmp_path),
-                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
+        spawn("scheduler", sched_url, "scheduler")
+        spawn("agent", agent_url, *agent_args)
         with Client(api_url) as client:
             wait_until(lambda: any(n.id == node for n in client.nodes())
                        or any(p.poll() is not None for p in procs), 60, "the agent to register")
@@ -163,6 +165,18 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             job_out = "\n".join(x.text for x in client.logs(job.id))
         assert "secure-done" in job_out and "CUDA_VISIBLE_DEVICES=" in job_out, job_out
         assert USER_SECRET in job_out  # (the job gets what its spec sets)
+
+        # an agent killed under a job and restarted: its new incarnation marks the old one
+        # down and requeues the job (attempt 2 runs)
+        with Client(api_url) as client:
+            again = client.submit(command='test "$SPILLWAY_ATTEMPT" = 2 || sleep 60', gpus=1)
+            wait_until(lambda: client.get(again.id).state is JobState.RUNNING, 60,
+                       "the job to run")
+            procs[1].kill()
+            procs[1].wait(10)
+            spawn("agent", agent_url, *agent_args)
+            rerun = client.wait(again.id, timeout=60)
+            assert rerun.state is JobState.SUCCEEDED and rerun.attempt == 2, rerun.history
 
         # the agent needed nothing its rules do not grant: the server logged no refusal
         assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
