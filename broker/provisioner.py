@@ -262,7 +262,11 @@ class Provisioner:
         def wanted(node: Node) -> bool:
             nonlocal pending, read
             if not read:
-                pending, read = self.rt.store.list_jobs([JobState.PENDING]), True
+                # (a job a hard cap keeps from bursting is no demand: its machine's launchers
+                # would pay for the idle time; docs/budgets.md)
+                pending, read = [j for j in self.rt.store.list_jobs([JobState.PENDING])
+                                 if j.pending_reason is None
+                                 or j.pending_reason.code != "BudgetExhausted"], True
             return any(site_allows(node.site, j.spec.sites) and could_hold([node], j.res)
                        for j in pending)
 

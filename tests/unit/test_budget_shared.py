@@ -86,3 +86,23 @@ def test_the_launchers_charges_stay_within_what_was_reserved_for_them() -> None:
     assert spent == pytest.approx(4.0 * (6 + 1 / 12) - 5.0)
     assert spent <= reserved_a + 1e-9 and spent > launch
     assert book.spent("b")["total"] == pytest.approx(4.0 * 0.25 * 5)
+
+
+def test_a_job_a_cap_keeps_back_does_not_keep_an_idle_machine_up() -> None:
+    from typing import cast
+
+    from broker.config import Config
+    from broker.model import JobSpec, Reason
+    from broker.plan import Plan
+    from broker.provisioner import Provisioner
+    from broker.runtime import Runtime
+    from broker.store import MemoryStore
+    from tests.unit.test_commands import FakeRuntime, Recorder
+
+    store = MemoryStore()
+    job = store.submit(JobSpec(command="true", gpus=1, team="b", sites=SITES), NOW)
+    wanted = Provisioner(cast(Runtime, FakeRuntime(Config(), store, Recorder())))._demand
+    cloud = node("c", 4, "V100-16GB", site=CLOUD)
+    for code, demand in (("Bursting", True), ("BudgetExhausted", False)):
+        store.apply(Plan(pending={job.id: Reason(code, "...")}), NOW)
+        assert wanted()(cloud) is demand
