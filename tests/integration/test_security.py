@@ -178,7 +178,23 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             rerun = client.wait(again.id, timeout=60)
             assert rerun.state is JobState.SUCCEEDED and rerun.attempt == 2, rerun.history
 
-        # the agent needed nothing its rules do not grant: the server logged no refusal
+        # a gang over two agents, each on its own user: one part fails, its agent frees its
+        # GPUs and tells the other node (its queue: write only) to stop the other part
+        node2 = f"{node}-b"
+        agent2_url, agent2_pw = server.user("agent", node2)
+        secrets.add(agent2_pw)
+        logs["agent2"] = tmp_path / "agent2.log"
+        spawn("agent2", agent2_url, *agent_args[:2], node2, *agent_args[3:-1],
+              str(tmp_path / "work2"))
+        with Client(api_url) as client:
+            wait_until(lambda: any(n.id == node2 for n in client.nodes()), 60,
+                       "the second agent to register")
+            gang = client.submit(command='test "$SPILLWAY_NODE_RANK" = 1 && exit 3; sleep 60',
+                                 gpus=1, nodes=2)
+            failed = client.wait(gang.id, timeout=60)
+            assert failed.state is JobState.FAILED and failed.exit_code == 3, failed.history
+
+        # the agents needed nothing their rules do not grant: the server logged no refusal
         assert admin.acl_log() == [], [(e["object"], e["reason"], e["username"])
                                        for e in admin.acl_log()]
 
@@ -214,6 +230,7 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         agent = redis.Redis.from_url(agent_url)
         with Client(api_url) as client:
             client.drain(node)
+            client.drain(node2)  # (nowhere to run until the record is changed)
             victim = client.submit(command="echo untouched", gpus=1)
             with pytest.raises(redis.exceptions.NoPermissionError):
                 agent.set(f"sw:spec:{victim.id}", "{}")
@@ -221,6 +238,7 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             raw["spec"]["command"] = "echo TAMPERED-RAN"
             agent.hset(f"sw:job:{victim.id}", "doc", json.dumps(raw))
             client.resume(node)
+            client.resume(node2)
             ended = client.wait(victim.id, timeout=60)
             assert ended.state is JobState.FAILED, ended
             assert any("SpecTampered" in h.reason for h in ended.history), ended.history
