@@ -27,11 +27,12 @@ the two prices. At every step:
    the time left would not finish it: ``work left > (time left - reserve) x a x (1 + optimism
    x slack / work left)``, ``a`` the share of the last ``window_h`` hours spot was up; once on
    on-demand, wait again only with a ``hysteresis`` share to spare.
-5. But wait out a gap likely to end at the next step (``gap_may_end``): if the chance that the
-   gap ends now (its hazard at this age, from the gaps seen) times the on-demand changeover
-   saved exceeds the step's slack at its price, wait one step. The price of an hour of slack
-   is the larger of the spot it buys at the end (``a x`` the price difference) and the gain
-   per slack hour of the spot runs step 3 had to refuse.
+5. But wait out a gap likely to end soon (``gap_may_end``): if, for some wait, the chance that
+   the gap ends within it (from the gaps seen, given the gap's age) times the on-demand
+   changeover saved exceeds the slack the wait is expected to take, at its price, wait this
+   step (and weigh it again at the next). The price of an hour of slack is the larger of the
+   spot it buys at the end (``a x`` the price difference) and the gain per slack hour of the
+   spot runs step 3 had to refuse.
 
 Uniform Progress (UP) runs on-demand whenever progress is behind the straight line from start
 to deadline and returns to spot the moment it is back. This rule draws the line from the spot
@@ -200,16 +201,26 @@ class DeadlineRule:
 
     def gap_may_end(self, slack_h: float, step_h: float, time_left_h: float,
                     market: SpotMarket) -> bool:
-        """Step 5: wait one more step because the gap is likely to end now."""
+        """Step 5: keep waiting because the gap is likely to end soon: for some wait of k
+        steps (within the age grid and the slack above the reserve), the chance the gap ends
+        within them times the changeover saved exceeds the slack they are expected to take,
+        at its price (``down_surv`` gives both)."""
         st = market.stats()
         x = market.age - 1  # whole steps the gap had lasted before this one
         if x + 1 >= len(st.ages_h) or st.down_surv[x] <= 0:
             return False
-        hazard = 1 - st.down_surv[x + 1] / st.down_surv[x]
         price = max(market.share() * (self.ondemand_price - self.spot_price),
                     self._budget(slack_h, time_left_h, st)[1], 1e-3)
         d = self.changeover_h
-        return hazard * (self.ondemand_price * d + price * d) > price * step_h
+        saved = self.ondemand_price * d + price * d
+        room = (slack_h - max(self.reserve_changeovers, 1.0) * d) / step_h
+        last = min(len(st.ages_h) - 1, x + max(1, int(room)))
+        waited = 0.0
+        for k in range(x + 1, last + 1):
+            waited += st.down_surv[k - 1] / st.down_surv[x]
+            if (1 - st.down_surv[k] / st.down_surv[x]) * saved > price * step_h * waited:
+                return True
+        return False
 
     def decide(self, mode: Mode, slack_h: float, step_h: float, spot_up: bool,
                left_h: float, time_left_h: float, market: SpotMarket) -> Mode:
