@@ -113,7 +113,7 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
     return AclUser(name, (*base, *agent_keys(node_id or "", prefix),
                           "&*", "-@all", "+@read", "+@write", "+@scripting", "+@transaction",
                           "+@connection", "+@pubsub", "+@keyspace", "+@fast", *_NEVER,
-                          "-publish", "-keys", "-scan", "-randomkey", "-rename",
+                          "-publish", "-spublish", "-keys", "-scan", "-randomkey", "-rename",
                           "-renamenx", "-copy", "-restore"))
 
 
