@@ -37,7 +37,8 @@ class ProviderSettings:
     cooldown_s: float = 900.0  # a zone is not tried this long after a capacity failure, a
     # boot timeout or a spot notice
     max_instances: int = 8  # live instances of this provider at most
-    broker_url: str = ""  # the Redis URL its agents join ("": the provisioner's own)
+    broker_url: str = ""  # the Redis URL its agents join ("": the provisioner's server, with
+    # a user made for each machine when its URL has credentials: broker/security/cloud_agent)
     install_command: str | None = None  # run first by a new machine (None: per kind)
     worker_command: str | None = None  # how a new machine runs Spillway (None: per kind)
     options: Mapping[str, Any] = field(default_factory=dict)
