@@ -53,7 +53,10 @@ def acl_command(
         spec = acl.user_for(role, node, user, prefix)
     except acl.AclError as e:
         raise fail(str(e)) from None
-    password = read_or_make_secret(password_file) if password_file else None
+    try:
+        password = read_or_make_secret(password_file) if password_file else None
+    except OSError as e:
+        raise fail(f"--password-file {password_file}: {e.strerror}") from None
     if not apply:
         out.print(escape(spec.command(password)), highlight=False, soft_wrap=True)
         return
@@ -72,6 +75,10 @@ def acl_command(
     finally:
         client.close()
     url = acl.url_for(base, spec.name, password)
-    write_private(url_file, url + "\n")
+    try:
+        write_private(url_file, url + "\n")
+    except OSError as e:
+        raise fail(f"--url-file {url_file}: {e.strerror}; the user {spec.name} was set: run "
+                   "again with a writable --url-file (and the same --password-file)") from None
     err.print(f"user {escape(spec.name)} set on {escape(redacted(base))}; its URL is in "
               f"{escape(str(url_file))} (0600)")

@@ -335,6 +335,10 @@ def test_the_printed_rules_are_the_applied_ones_and_carry_no_password(
     agent.close()
     bad = cli(url, tmp_path, "redis", "acl", "--node", "n*")
     assert bad.returncode == 1 and "node id 'n*'" in bad.stdout + bad.stderr
+    nowhere = cli(url, tmp_path, "redis", "acl", "--node", "n7", "--password-file",
+                  str(tmp_path / "no" / "such" / "pw"))
+    assert nowhere.returncode == 1 and "--password-file" in nowhere.stderr, nowhere.stderr
+    assert "Traceback" not in nowhere.stderr
 
 
 def test_a_cloud_machine_joins_with_its_own_user_and_the_ca_never_the_provisioners(
