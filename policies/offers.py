@@ -19,6 +19,7 @@ from broker.model.fit import wanted_kinds
 from broker.plan import Launch
 from broker.speed import convert_runtime
 from policies.cycle import Cycle
+from policies.objective import Objective, expected_kg, mean_intensity, work_hours
 from policies.reasons import dur
 
 BOOTING = (InstanceState.REQUESTED, InstanceState.BOOTING)
@@ -108,6 +109,24 @@ class CostModel:
         interruptions = self.rate(offer) * hours
         return price * (runtime_s + self.boot(offer)) + interruptions * price * (
             lost + self.restart_s + self.boot(offer))
+
+
+def rank_value(cycle: Cycle, job: Job, offer: Offer, usd: float, runtime_s: float,
+               target: float, boot_s: float) -> float:
+    """What ranks the offers that could finish ``job``: the objective (policies/objective.py)
+    of ``usd`` expected dollars, the run's expected emissions in the offer's grid zone and the
+    GPU-hours it would start past ``target`` (its SLA), per unit of work. With the default
+    weights it is ``usd`` itself: the same choice as by dollars alone."""
+    obj = Objective.of(cycle.settings("objective"))
+    if obj.dollars_only:
+        return usd
+    gpus = max(job.res.gpus, 1) * job.res.nodes
+    start = cycle.now + boot_s
+    g = mean_intensity(offer.carbon_zone, start, start + runtime_s, cycle.snap.carbon_forecast,
+                       cycle.snap.carbon) if obj.carbon_usd_per_tonne else None
+    kg = expected_kg(gpus, offer.gpu_model, str(offer.site), g, runtime_s)
+    late = gpus * max(0.0, start - target) / 3600.0
+    return obj.per_work(usd, kg, late, work_hours(gpus, runtime_s, offer.gpu_model))
 
 
 @dataclass

@@ -62,6 +62,12 @@ def register(role: str, name: str, settings: Mapping[str, Any] | None = None
     return deco
 
 
+def declare_settings(name: str, settings: Mapping[str, Any]) -> None:
+    """Settings read under ``name`` by a part several policies share (``objective``: the
+    weights of policies/objective.py), checked like a policy's."""
+    _SETTINGS[name] = MappingProxyType(dict(settings))
+
+
 def lookup(role: str, name: str) -> Any:
     try:
         return _REGISTRY[role][name]
