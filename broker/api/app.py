@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from broker.api import jobs, ops
+from broker.api import budgets, jobs, ops, reports
 from broker.api.deps import ApiState
 from broker.client import Client
 from broker.config import Config, load_config
@@ -85,7 +85,7 @@ def _spillway(_: Request, exc: Exception) -> JSONResponse:
         return _reply(401, str(exc), **{"WWW-Authenticate": "Bearer"})
     if isinstance(exc, Refused):
         return _reply(403, str(exc))
-    if isinstance(exc, (JobNotFound, NodeNotFound)):
+    if isinstance(exc, (JobNotFound, NodeNotFound, *budgets.NOT_FOUND)):
         return _reply(404, str(exc))
     if isinstance(exc, RateLimited):
         return _reply(429, str(exc), **{"Retry-After": str(max(1, round(exc.retry_after)))})
@@ -167,7 +167,8 @@ def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50)
         raise ConfigError("submit_rate must be positive and submit_burst at least 1")
     app = FastAPI(title="Spillway API", version=API_VERSION, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",
-                  description="Submit, watch and cancel GPU jobs; operate nodes; manage tokens."
+                  description="Submit, watch and cancel GPU jobs; operate nodes; manage tokens;"
+                              " set budgets and read spend reports."
                               " Every call but /healthz needs `Authorization: Bearer <token>`.")
     app.state.api = ApiState(client, TokenStore(client.store_redis), submit_rate, submit_burst)
     app.add_exception_handler(RequestValidationError, _invalid)
@@ -178,6 +179,8 @@ def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50)
     app.add_middleware(BodyLimit)
     app.include_router(jobs.router)
     app.include_router(ops.router)
+    app.include_router(budgets.router)
+    app.include_router(reports.router)
     return app
 
 

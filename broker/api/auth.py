@@ -19,8 +19,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nodes.read": ("operator", "admin"),
     "nodes.drain": ("operator", "admin"),
     "tokens": ("admin",),
-    # reserved for the budget and report routes as they land (finance within its teams)
-    "budgets.read": ("finance", "operator", "admin"),
+    # budgets and reports (broker/api/budgets.py, reports.py): finance within its teams, a
+    # user its own team's budget (what it has spent and has left)
+    "budgets.read": ("user", "finance", "operator", "admin"),
     "budgets.write": ("finance", "admin"),
     "reports.read": ("finance", "operator", "admin"),
 }

@@ -250,3 +250,35 @@ class Remote:
 
     def node_state(self, node_id: str, action: str) -> Node:
         return Node.from_dict(self.call("POST", f"/v1/nodes/{quote(node_id, safe='')}/{action}"))
+
+    # -- budgets and reports (finance; broker/api/budgets.py, reports.py) ---------------------
+
+    @staticmethod
+    def _team(team: str, what: str = "") -> str:
+        return f"/v1/budgets/{quote(team, safe='')}{what}"
+
+    def budgets(self, team: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Each budget the token may see (``team``: that one, even without a cap)."""
+        if team is not None:
+            return [self.call("GET", self._team(team))]
+        return self.call("GET", "/v1/budgets")
+
+    def set_budget(self, team: str, amount: float, window: str, hard: bool,
+                   alerts: Sequence[float]) -> dict[str, Any]:
+        return self.call("PUT", self._team(team), {"amount": amount, "window": window,
+                                                   "hard": hard, "alerts": list(alerts)})
+
+    def remove_budget(self, team: str) -> dict[str, Any]:
+        return self.call("DELETE", self._team(team))
+
+    def budget_history(self, team: str) -> builtins.list[dict[str, Any]]:
+        return self.call("GET", self._team(team, "/history"))
+
+    def whoami(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/whoami")
+
+    def report(self, query: Mapping[str, str | None]) -> dict[str, Any]:
+        """The spend report as JSON (``month``, ``week``, ``from``, ``to``, ``by``,
+        ``forecast``, ``team``); the caller renders the other formats."""
+        q = urlencode({k: v for k, v in {**query, "format": "json"}.items() if v is not None})
+        return self.call("GET", f"/v1/reports?{q}", timeout=120.0)

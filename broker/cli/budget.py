@@ -1,4 +1,9 @@
-"""Budget commands: set, show, rm and the history of a team's cap (docs/budgets.md)."""
+"""Budget commands: set, show, rm and the history of a team's cap (docs/budgets.md).
+
+With a ``redis://`` URL they use the budget book in the store; with an ``https://`` URL they go
+through the API server (broker/api/budgets.py) with the caller's token, which is then named in
+the history.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +35,12 @@ budget_app = typer.Typer(help="Team budgets: cost caps enforced before a burst (
 app.add_typer(budget_app, name="budget")
 
 
-def _book(ctx: typer.Context) -> BudgetBook:
-    return budget_book(settings(ctx).client().store)
+def _target(ctx: typer.Context) -> tuple[Any, BudgetBook | None]:
+    """(the API transport, None) for an https:// URL; (None, the book) for Redis."""
+    client = settings(ctx).client()
+    if client._remote is not None:
+        return client._remote, None
+    return None, budget_book(client.store)
 
 
 def who() -> str:
@@ -70,7 +79,12 @@ def set_(
     except BudgetError as e:
         field, _, problem = str(e).partition(": ")
         raise spec_error(field, problem) from None
-    _book(ctx).set(budget, who(), time.time())
+    remote, book = _target(ctx)
+    if remote is not None:
+        remote.set_budget(team, budget.amount, budget.window, budget.hard, budget.alerts)
+    else:
+        assert book is not None
+        book.set(budget, who(), time.time())
     kind = "hard" if hard else "soft"
     out.print(f"team {team}: {kind} cap ${budget.amount:,.2f} per {window}, alerts at "
               f"{', '.join(f'{a:g}%' for a in budget.alerts)}")
@@ -96,9 +110,13 @@ def show(
 ) -> None:
     """Each team's cap, spent and reserved in its current window, what is left, and the
     alerts fired."""
-    book, now = _book(ctx), time.time()
-    teams = [team] if team else sorted(book.budgets())
-    rows = [book.status(t, now) for t in teams]
+    remote, book = _target(ctx)
+    if remote is not None:
+        rows = remote.budgets(team)
+    else:
+        assert book is not None
+        now = time.time()
+        rows = [book.status(t, now) for t in ([team] if team else sorted(book.budgets()))]
     if as_json:
         print_json(rows)
         return
@@ -120,7 +138,10 @@ def show(
 def rm(ctx: typer.Context,
        team: Annotated[str, typer.Argument(help="The team whose cap goes.")]) -> None:
     """Remove a team's cap (its spend and history stay)."""
-    if not _book(ctx).remove(team, who(), time.time()):
+    remote, book = _target(ctx)
+    if remote is not None:
+        remote.remove_budget(team)  # (the server's error says when there is none)
+    elif book is not None and not book.remove(team, who(), time.time()):
         raise fail(f"team {team} has no budget; `spillway budget show` lists them")
     out.print(f"team {team}: budget removed")
 
@@ -132,7 +153,9 @@ def history(
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Every change of the caps: who, when, before and after."""
-    rows = _book(ctx).history(team)
+    remote, book = _target(ctx)
+    rows = _remote_history(remote, team) if remote is not None else \
+        book.history(team) if book is not None else []
     if as_json:
         print_json(rows)
         return
@@ -143,3 +166,15 @@ def history(
                 f"{after['window']}") if after else "removed"
         out.print(f"{when}Z  {h['team']:<16} {h['action']:<4} {what}  by {h['who']}",
                   markup=False)
+
+
+def _remote_history(remote: Any, team: str | None) -> list[dict[str, Any]]:
+    """One team's history, or (no team) that of every team the token may read: a team-bound
+    token's own teams, else every team with a budget now."""
+    if team is not None:
+        return list(remote.budget_history(team))
+    me = remote.whoami()
+    teams = me["teams"] if me["role"] in ("user", "finance") else \
+        [b["team"] for b in remote.budgets()]
+    rows = [h for t in teams for h in remote.budget_history(t)]
+    return sorted(rows, key=lambda h: (h["at"], h["team"]))

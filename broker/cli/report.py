@@ -1,6 +1,7 @@
 """``spillway report``: cloud spend against caps, forecast, GPU-hours, on-prem chargeback and
 emissions over a month, a week or a range of days, by team, site or day, as a table, CSV,
-JSON or a self-contained HTML page with charts (docs/reports.md)."""
+JSON or a self-contained HTML page with charts (docs/reports.md). With an ``https://`` URL the
+API server makes it (a finance token's teams only) and it is rendered here."""
 
 from __future__ import annotations
 
@@ -57,14 +58,22 @@ def report(
     fmt = _choice(fmt, "--format", FORMATS)
     forecast = _choice(forecast, "--forecast", FORECASTS)
     at = time.time() if now is None else now
-    try:
-        window = parse_window(month, week, from_, to, at)
-        s = settings(ctx)
-        inputs, em = gather(s.client().store, s.config, window, at, team)
-        data = build(inputs, em, em.chargeback, by, forecast)
-    except ReportError as e:
-        raise spec_error(e.field, e.problem, e.allowed) from None
-    data["notes"] += fallback_note(em)
+    client = settings(ctx).client()
+    if client._remote is not None:  # an https:// URL: the API server's report, as JSON
+        if now is not None:
+            raise spec_error("--now", "is for a redis:// URL only", "leave it out")
+        data = client._remote.report({"month": month, "week": week, "from": from_, "to": to,
+                                      "by": by, "forecast": forecast, "team": team})
+        label = data["window"]["label"]
+    else:
+        try:
+            window = parse_window(month, week, from_, to, at)
+            inputs, em = gather(client.store, client.config, window, at, team)
+            data = build(inputs, em, em.chargeback, by, forecast)
+        except ReportError as e:
+            raise spec_error(e.field, e.problem, e.allowed) from None
+        data["notes"] += fallback_note(em)
+        label = window.label
     if fmt == "table" and out_file is None:
         print_fitted(renderable(data), table_width())
         return
@@ -86,4 +95,4 @@ def report(
         out_file.write_text(text, encoding="utf-8")
     except OSError as e:
         raise fail(f"--out: cannot write {out_file}: {e.strerror or e}") from None
-    err.print(f"wrote the {fmt} report of {window.label} to {out_file}", markup=False)
+    err.print(f"wrote the {fmt} report of {label} to {out_file}", markup=False)

@@ -30,6 +30,9 @@ ROUTES = {
     ("post", "/v1/nodes/{node_id}/drain"), ("post", "/v1/nodes/{node_id}/resume"),
     ("post", "/v1/tokens"), ("get", "/v1/tokens"), ("post", "/v1/tokens/{token_id}/revoke"),
     ("get", "/v1/whoami"), ("get", "/healthz"),
+    ("get", "/v1/budgets"), ("get", "/v1/budgets/{team}"), ("put", "/v1/budgets/{team}"),
+    ("delete", "/v1/budgets/{team}"), ("get", "/v1/budgets/{team}/history"),
+    ("get", "/v1/reports"),
 }
 
 
