@@ -198,6 +198,9 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
     try:  # one line per attempt while Redis does not answer; exit 1 after redis_retry_s
         if not wait_for_redis(rt.redis_url, config.redis_retry_s, leader.stop, "scheduler", log):
             return 0  # stopped (SIGTERM, SIGINT) while waiting
+        sealed = rt.store.seal_existing(time.time())  # once per store: jobs of before seals
+        if sealed:
+            log.warning("sealed the specs of %d jobs queued before this version", sealed)
     except StoreUnreachable as e:
         log.error("%s. The scheduler exits; redis_retry_s in the configuration (or "
                   "SPILLWAY_REDIS_RETRY_S) sets how long it waits (0: forever)", e)

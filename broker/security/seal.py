@@ -38,6 +38,29 @@ def write(pipe: Any, prefix: str, jobs: Sequence[Job]) -> None:
         pipe.set(seal_key(prefix, job.id), canonical(job.spec), nx=True)
 
 
+def _same(raw: bytes, spec: JobSpec) -> bool:
+    """Whether a seal holds this spec. The seal is read back through the JobSpec model, so a
+    seal written by an older version (without a field added since, which takes its default)
+    still matches; a seal that no longer validates does not."""
+    try:
+        return JobSpec.model_validate(json.loads(raw)) == spec
+    except ValueError:  # (pydantic's ValidationError is a ValueError; so is bad JSON)
+        return False
+
+
+def seal_existing(client: Any, prefix: str, jobs: Sequence[Job], marker: str,
+                  now: float) -> int:
+    """Seal, once per store, the live jobs queued before sealing existed (an upgrade), so
+    that they are not refused as unsealed. Runs only while ``marker`` is unset (SET NX):
+    later, a job without a seal is one no client submitted, and stays refused. Returns how
+    many jobs were sealed."""
+    if not client.set(marker, now, nx=True):
+        return 0
+    pipe = client.pipeline(transaction=False)
+    write(pipe, prefix, jobs)
+    return sum(1 for ok in pipe.execute() if ok)
+
+
 def problems(client: Any, prefix: str, jobs: Sequence[Job]) -> dict[str, str]:
     """Job id -> why it must not run, for the jobs whose spec is not the sealed one."""
     if not jobs:
@@ -48,7 +71,7 @@ def problems(client: Any, prefix: str, jobs: Sequence[Job]) -> dict[str, str]:
         if raw is None:
             out[job.id] = ("SpecNotSealed: the job has no sealed spec (it was not submitted "
                            "through the client or the API); not run")
-        elif json.loads(raw) != json.loads(canonical(job.spec)):
+        elif not _same(raw, job.spec):
             out[job.id] = ("SpecTampered: the job's spec differs from the one submitted "
                            "(its record was changed after submit); not run")
     return out

@@ -379,6 +379,12 @@ class BaseStore(Leadership, ABC):
         (broker/security/seal.py; a backend without agents of its own seals nothing)."""
         return {}
 
+    def seal_existing(self, now: float) -> int:
+        """Seal, once per store, the live jobs queued before specs were sealed (an upgrade);
+        returns how many (broker/security/seal.py)."""
+        del now
+        return 0
+
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         """The copy of each job this backend holds without a read, if any (a guess: it may be
         older than the store's)."""

@@ -338,6 +338,11 @@ class RedisStore(BaseStore):
     def spec_problems(self, jobs: Sequence[Job]) -> dict[str, str]:
         return seal.problems(self.redis, self.prefix, jobs)
 
+    def seal_existing(self, now: float) -> int:
+        live = [j for j in self.get_many(self._index("pending") + self._index("active")) if j]
+        return seal.seal_existing(self.redis, self.prefix, live, self.prefix + "spec-sealing",
+                                  now)
+
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         parsed = self._parsed
         return [None if (hit := parsed.get(i)) is None else hit[1] for i in job_ids]

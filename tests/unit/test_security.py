@@ -169,3 +169,21 @@ def test_the_simulators_output_and_json_carry_no_secret(tmp_path: Path) -> None:
     text = result.output + (tmp_path / "m.json").read_text()
     for secret in (PW, "PLANTED-sim-metrics", "PLANTED-sim-basic", *planted.values()):
         assert secret not in text
+
+
+def test_jobs_queued_before_seals_are_sealed_once_and_old_seals_still_match(
+        redis_client: redis.Redis, redis_prefix: str) -> None:
+    store = RedisStore(redis_client, Config(), prefix=redis_prefix)
+    old, other = (store.submit(JobSpec(command=["true"], gpus=1), 100.0) for _ in range(2))
+    for job in (old, other):  # queued by a version that sealed nothing
+        redis_client.delete(seal.seal_key(redis_prefix, job.id))
+    assert store.seal_existing(200.0) == 2  # the upgrade: the first scheduler seals them
+    assert store.spec_problems([store.get(old.id), store.get(other.id)]) == {}
+    redis_client.delete(seal.seal_key(redis_prefix, other.id))  # an unsealed job later on
+    assert store.seal_existing(300.0) == 0  # is never sealed again: it stays refused
+    assert "SpecNotSealed" in store.spec_problems([store.get(other.id)])[other.id]
+    # a seal written before a field was added to JobSpec (the field left out) still matches
+    doc = json.loads(redis_client.get(seal.seal_key(redis_prefix, old.id)))
+    doc.pop("labels")
+    redis_client.set(seal.seal_key(redis_prefix, old.id), json.dumps(doc))
+    assert store.spec_problems([store.get(old.id)]) == {}
