@@ -37,6 +37,8 @@ class SimRequest:
     seed: int = 0
     check: bool = True
     carbon: bool = True  # carbon_kg and cost_per_gpu_hour (broker/energy_sim.py)
+    lower_bound: bool = False  # the lower_bound section (broker/sim/lower_bound_sim.py)
+    lower_bound_slot_s: float = 900.0
 
 
 def _time(value: str | None, what: str) -> float | None:
@@ -63,6 +65,8 @@ def prepare(req: SimRequest) -> tuple[Cluster, Trace, dict[str, Any]]:
                           "max_gpus_per_node": cluster.max_gpus_per_node}
     start, end = _time(req.start, "--from"), _time(req.end, "--to")
     meta: dict[str, Any] = {}
+    if req.lower_bound:
+        _check_lower_bound(req)
     if req.busiest_days is not None:
         if not (req.busiest_days > 0 and math.isfinite(req.busiest_days)):
             raise ConfigError(f"--busiest-days {req.busiest_days:g}: must be a number of days "
@@ -100,7 +104,22 @@ def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str,
     result.meta = {**result.meta, **meta, "trace_origin": trace.origin,
                    "last_submit_s": trace.jobs[-1].submit_s if trace.jobs else 0.0}
     result.metrics["meta"] = result.meta
+    if req.lower_bound:
+        from broker.sim.lower_bound_sim import lower_bound_section
+
+        result.metrics["lower_bound"] = lower_bound_section(cluster, trace, result, req.seed,
+                                                            energy, req.lower_bound_slot_s)
     return result
+
+
+def _check_lower_bound(req: SimRequest) -> None:
+    slot = req.lower_bound_slot_s
+    if not (slot > 0 and math.isfinite(slot)):
+        raise ConfigError(f"--lower-bound-slot {slot!r}: must be seconds > 0 (900 = 15 min)")
+    try:
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        raise ConfigError("--lower-bound needs scipy: pip install 'spillway[sim]'") from None
 
 
 _PROGRESS_QUEUE: Any = None  # in a worker process: where its runs report their progress

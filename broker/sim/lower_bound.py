@@ -1,0 +1,393 @@
+"""An offline lower bound on the cloud cost (or the emissions) of serving a workload.
+
+Perfect knowledge of every job (arrival, true runtime, GPUs, class, window), of the on-prem
+GPUs, the cloud offers, their region quotas and when each spot zone has capacity, and a linear
+program over time slots: the least a scheduler could spend (or emit) to serve the same work
+with the same number of jobs per class inside their windows. docs/lower-bound.md writes the
+program down; this module builds it and solves it with HiGHS (``scipy.optimize.linprog``).
+
+Units: GPU-hours for work and capacity, dollars per GPU-hour, kg CO2e per GPU-hour.
+
+Variables (all >= 0), for a *group* g (jobs of one type and class whose windows start and
+end in the same slots, summed) and a slot s of its window:
+
+- ``o[g,s]``, ``c[g,s]``: its GPU-hours on-prem and in the cloud, each at most ``cap[g,s]``
+  (its GPUs x the part of the slot inside each job's window); ``o + c <= cap``;
+- ``m[g]``: its work left outside the windows (jobs counted as missing their SLA);
+- ``p[t,s,k]``: GPU-hours of jobs of type t on on-prem GPU model k in slot s;
+- ``q[t,s,r]``: GPU-hours of jobs of type t on cloud option r (a site and GPU model) in slot s.
+
+Rows: each group's work is done (``sum o + sum c + m = W``); per type and slot, the groups'
+on-prem (cloud) hours are what the models (options) give it; per model and slot, at most its
+GPUs x the slot; per region and slot, at most its quota x the slot; per spot zone and slot,
+at most the quota x the seconds the zone has spot; per class, the missed work divided by
+each group's largest job is at most the misses allowed for the class.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from broker.gpus import type_matches
+
+OBJECTIVES = ("cost", "carbon")
+SpotSeconds = Callable[[str, float, float], float]  # zone, t0, t1 -> seconds with spot
+KgRate = Callable[[str, str, float, float], float]  # site, model, t0, t1 -> kg per GPU-hour
+
+
+@dataclass(frozen=True)
+class LbJob:
+    """One job as the bound sees it. Times in seconds on one clock (the trace's)."""
+
+    id: str
+    submit_s: float
+    runtime_s: float  # its work's duration on any GPU it may use
+    gpus: int  # per node
+    nodes: int = 1
+    cls: str = "normal"
+    sla_s: float = math.inf  # its class's longest wait
+    deadline_s: float = math.inf  # it must have ended by then
+    cloud: bool = False  # may run in the cloud at all
+    spot: bool = False  # may run on spot
+    gpu_types: tuple[str, ...] = ()  # families or models it is pinned to (empty: any)
+
+    @property
+    def end_s(self) -> float:
+        """Its window's end: started within its SLA and run through, or its deadline."""
+        return min(self.submit_s + self.sla_s + self.runtime_s, self.deadline_s)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.nodes * self.runtime_s / 3600.0
+
+    @property
+    def type_key(self) -> tuple[Any, ...]:
+        return (self.gpus, self.gpu_types, self.cloud, self.spot)
+
+
+@dataclass(frozen=True)
+class LbPool:
+    """On-prem GPUs of one model."""
+
+    model: str
+    gpus: int
+    site: str = "onprem"
+
+
+@dataclass(frozen=True)
+class LbOffer:
+    """A cloud option: an instance type at a site, at its price per GPU-hour."""
+
+    id: str
+    region: str  # the quota's key, e.g. aws:us-east-1
+    gpu_model: str
+    gpu_count: int  # GPUs per instance: the widest node of a job it holds
+    price_per_gpu_hour: float
+    site: str  # e.g. aws:us-east-1:us-east-1c:spot (its carbon zone and PUE)
+    spot_zone: str | None = None  # a spot offer: the zone whose capacity it needs
+
+    @property
+    def is_spot(self) -> bool:
+        return self.spot_zone is not None or self.site.endswith(":spot")
+
+    @property
+    def capacity_key(self) -> tuple[str, str]:
+        return (self.region, self.spot_zone or self.site)
+
+
+@dataclass(frozen=True)
+class LbProblem:
+    jobs: tuple[LbJob, ...]
+    pools: tuple[LbPool, ...]
+    offers: tuple[LbOffer, ...] = ()
+    quotas: Mapping[str, float] = field(default_factory=dict)  # region -> GPUs at once
+    spot_seconds: SpotSeconds | None = None  # None: spot always there
+    kg_per_gpu_hour: KgRate | None = None  # needed by the carbon objective
+    horizon_s: float = 0.0  # the slots reach at least this far (a run's last end)
+
+
+@dataclass
+class LbResult:
+    objective: str
+    status: str  # "optimal", "infeasible", or HiGHS's message
+    value: float | None  # dollars (cost) or kg (carbon); None unless optimal
+    slot_s: float
+    slots: int
+    jobs: int
+    groups: int
+    variables: int
+    constraints: int
+    nonzeros: int
+    build_s: float
+    solve_s: float
+    cloud_gpu_hours: float | None = None
+    onprem_gpu_hours: float | None = None
+    missed_gpu_hours: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def _allowed_model(model: str, wanted: tuple[str, ...]) -> bool:
+    return not wanted or any(type_matches(model, t) for t in wanted)
+
+
+def _check(problem: LbProblem, objective: str, misses: Mapping[str, int], slot_s: float
+           ) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"lower bound objective {objective!r} is not allowed; use one of "
+                         f"{', '.join(OBJECTIVES)}")
+    if not (slot_s > 0 and math.isfinite(slot_s)):
+        raise ValueError(f"lower bound slot_s {slot_s!r} is not allowed; use seconds > 0")
+    if objective == "carbon" and problem.kg_per_gpu_hour is None:
+        raise ValueError("lower bound objective carbon: the problem has no kg_per_gpu_hour")
+    for cls, k in misses.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"lower bound misses[{cls!r}]: {k!r} is not allowed; use a whole "
+                             "number of jobs >= 0")
+    for j in problem.jobs:
+        if not (j.runtime_s >= 0 and math.isfinite(j.runtime_s) and j.gpus >= 1
+                and j.nodes >= 1 and math.isfinite(j.submit_s)):
+            raise ValueError(f"lower bound job {j.id!r}: runtime_s, gpus, nodes or submit_s "
+                             "is not allowed (runtime >= 0, whole GPUs and nodes >= 1)")
+
+
+class _Lp:
+    """Columns, bounds and the rows of an LP in triplet form."""
+
+    def __init__(self) -> None:
+        self.cost: list[float] = []
+        self.ub: list[float] = []
+        self.eq: tuple[list[int], list[int], list[float]] = ([], [], [])
+        self.le: tuple[list[int], list[int], list[float]] = ([], [], [])
+        self.b_eq: list[float] = []
+        self.b_le: list[float] = []
+
+    def col(self, cost: float, ub: float = math.inf) -> int:
+        self.cost.append(cost)
+        self.ub.append(ub)
+        return len(self.cost) - 1
+
+    def row(self, eq: bool, rhs: float) -> int:
+        b = self.b_eq if eq else self.b_le
+        b.append(rhs)
+        return len(b) - 1
+
+    def put(self, eq: bool, row: int, col: int, value: float) -> None:
+        r, c, v = self.eq if eq else self.le
+        r.append(row)
+        c.append(col)
+        v.append(value)
+
+
+@dataclass
+class _Group:
+    key: tuple[Any, ...]
+    first: int
+    caps: list[float]
+    work: float = 0.0
+    largest: float = 0.0
+    jobs: int = 0
+    gpus: int = 0  # of its jobs together
+    cols_o: list[int] = field(default_factory=list)
+    cols_c: list[int] = field(default_factory=list)
+    col_m: int | None = None
+
+
+def _edges(problem: LbProblem, slot_s: float) -> tuple[float, list[float]]:
+    jobs = problem.jobs
+    t0 = min((j.submit_s for j in jobs), default=0.0)
+    t0 = min(t0, 0.0)
+    ends = [j.end_s for j in jobs if math.isfinite(j.end_s)]
+    ends += [j.submit_s + j.runtime_s for j in jobs]
+    horizon = max([problem.horizon_s, t0 + slot_s, *ends])
+    n = max(1, math.ceil((horizon - t0) / slot_s - 1e-9))
+    edges = [t0 + i * slot_s for i in range(n)] + [horizon]
+    return horizon, edges
+
+
+def _groups(problem: LbProblem, edges: Sequence[float], horizon: float,
+            slot_s: float) -> list[_Group]:
+    t0, n = edges[0], len(edges) - 1
+    out: dict[tuple[Any, ...], _Group] = {}
+    for j in problem.jobs:
+        a = j.submit_s
+        e = min(j.end_s, horizon)
+        first = min(int((a - t0) // slot_s), n - 1)
+        last = max(first, min(math.ceil((e - t0) / slot_s) - 1, n - 1))
+        g = out.get(key := (j.type_key, j.cls, first, last))
+        if g is None:
+            g = out[key] = _Group(key, first, [0.0] * (last - first + 1))
+        width = j.gpus * j.nodes / 3600.0
+        for i in range(last - first + 1):
+            lo, hi = max(a, edges[first + i]), min(e, edges[first + i + 1])
+            if hi > lo:
+                g.caps[i] += width * (hi - lo)
+        g.work += j.gpu_hours
+        g.largest = max(g.largest, j.gpu_hours)
+        g.jobs += 1
+        g.gpus += j.gpus * j.nodes
+    return list(out.values())
+
+
+def _options(problem: LbProblem, tkey: tuple[Any, ...], objective: str) -> list[LbOffer]:
+    """The cloud options a type may use; for cost, the cheapest per capacity key."""
+    gpus, types, cloud, spot = tkey
+    if not cloud:
+        return []
+    fit = [o for o in problem.offers if o.gpu_count >= gpus and (spot or not o.is_spot)
+           and _allowed_model(o.gpu_model, types)]
+    if objective == "carbon":
+        return sorted(fit, key=lambda o: o.id)
+    best: dict[tuple[str, str], LbOffer] = {}
+    for o in sorted(fit, key=lambda o: (o.price_per_gpu_hour, o.id)):
+        best.setdefault(o.capacity_key, o)
+    return sorted(best.values(), key=lambda o: o.id)
+
+
+def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int] | None = None,
+          slot_s: float = 900.0, method: str = "highs-ipm") -> LbResult:
+    """The least cloud cost (``cost``, dollars) or emissions (``carbon``, kg) of serving
+    ``problem``'s jobs with at most ``misses[cls]`` jobs of each class outside their windows."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    misses = dict(misses or {})
+    _check(problem, objective, misses, slot_s)
+    started = time.perf_counter()
+    horizon, edges = _edges(problem, slot_s)
+    n_slots = len(edges) - 1
+    lens = [(edges[s + 1] - edges[s]) / 3600.0 for s in range(n_slots)]
+    groups = _groups(problem, edges, horizon, slot_s)
+    rate = problem.kg_per_gpu_hour
+    carbon = objective == "carbon"
+    lp = _Lp()
+    # per group: its slots' columns, its work row, its cap rows (on-prem and cloud)
+    used_on: dict[tuple[Any, ...], dict[int, list[int]]] = {}
+    used_cl: dict[tuple[Any, ...], dict[int, list[tuple[int, int]]]] = {}  # (column, GPUs)
+    may_cloud: dict[tuple[Any, ...], bool] = {}
+    for g in groups:
+        tkey, cls = g.key[0], g.key[1]
+        cloud = may_cloud.get(tkey)
+        if cloud is None:
+            cloud = may_cloud[tkey] = bool(_options(problem, tkey, "cost"))
+        work_row = lp.row(True, g.work)
+        for i, cap in enumerate(g.caps):
+            if cap <= 0:
+                continue
+            s = g.first + i
+            o = lp.col(0.0, cap)
+            lp.put(True, work_row, o, 1.0)
+            used_on.setdefault(tkey, {}).setdefault(s, []).append(o)
+            g.cols_o.append(o)
+            if cloud:
+                c = lp.col(0.0, cap)
+                lp.put(True, work_row, c, 1.0)
+                used_cl.setdefault(tkey, {}).setdefault(s, []).append((c, g.gpus))
+                g.cols_c.append(c)
+                cap_row = lp.row(False, cap)
+                lp.put(False, cap_row, o, 1.0)
+                lp.put(False, cap_row, c, 1.0)
+        if misses.get(cls, 0) > 0:
+            g.col_m = lp.col(0.0, g.work)
+            lp.put(True, work_row, g.col_m, 1.0)
+    # on-prem: per type and slot, the models it may use; per model and slot, its GPUs
+    model_rows: dict[tuple[int, int], int] = {}
+    min_rate: dict[tuple[Any, ...], float] = {}
+    for tkey, by_slot in used_on.items():
+        pools = [k for k, pool in enumerate(problem.pools)
+                 if pool.gpus > 0 and _allowed_model(pool.model, tkey[1])]
+        for s, cols in by_slot.items():
+            bal = lp.row(True, 0.0)
+            for col in cols:
+                lp.put(True, bal, col, 1.0)
+            for k in pools:
+                pool = problem.pools[k]
+                kg = rate(pool.site, pool.model, edges[s], edges[s + 1]) \
+                    if carbon and rate else 0.0
+                min_rate[tkey] = min(min_rate.get(tkey, math.inf), kg)
+                p = lp.col(kg)
+                lp.put(True, bal, p, -1.0)
+                row = model_rows.get((k, s))
+                if row is None:
+                    row = model_rows[(k, s)] = lp.row(False, pool.gpus * lens[s])
+                lp.put(False, row, p, 1.0)
+    # cloud: per type and slot, the options; per region and slot its quota; per spot zone
+    # and slot, the quota while the zone has spot
+    quota_rows: dict[tuple[str, int], int] = {}
+    zone_rows: dict[tuple[str, int], int] = {}
+    spot_up: dict[tuple[str, int], float] = {}
+    for tkey, by_slot in used_cl.items():
+        opts = _options(problem, tkey, objective)
+        for s, cols in by_slot.items():
+            bal = lp.row(True, 0.0)
+            for col, _ in cols:
+                lp.put(True, bal, col, 1.0)
+            for o in opts:
+                quota = problem.quotas.get(o.region, math.inf)
+                zone_cap = spot_cap = math.inf
+                if o.spot_zone is not None and problem.spot_seconds is not None:
+                    up = spot_up.get((o.spot_zone, s))
+                    if up is None:
+                        up = spot_up[(o.spot_zone, s)] = max(0.0, min(
+                            edges[s + 1] - edges[s],
+                            problem.spot_seconds(o.spot_zone, edges[s], edges[s + 1])))
+                    if up <= 0:
+                        continue
+                    zone_cap = quota * up / 3600.0
+                    # the type's jobs, each on at most its GPUs while the zone has spot
+                    spot_cap = sum(min(lp.ub[col], gpus * up / 3600.0) for col, gpus in cols)
+                coef = (rate(o.site, o.gpu_model, edges[s], edges[s + 1]) if rate else 0.0) \
+                    if carbon else o.price_per_gpu_hour
+                min_rate[tkey] = min(min_rate.get(tkey, math.inf), coef)
+                q = lp.col(coef, spot_cap)
+                lp.put(True, bal, q, -1.0)
+                if math.isfinite(quota):
+                    row = quota_rows.get((o.region, s))
+                    if row is None:
+                        row = quota_rows[(o.region, s)] = lp.row(False, quota * lens[s])
+                    lp.put(False, row, q, 1.0)
+                if math.isfinite(zone_cap) and o.spot_zone is not None:
+                    row = zone_rows.get((o.spot_zone, s))
+                    if row is None:
+                        row = zone_rows[(o.spot_zone, s)] = lp.row(False, zone_cap)
+                    lp.put(False, row, q, 1.0)
+    # misses: per class, the missed work over each group's largest job <= the misses allowed
+    class_rows: dict[str, int] = {}
+    for g in groups:
+        if g.col_m is None:
+            continue
+        cls = g.key[1]
+        row = class_rows.get(cls)
+        if row is None:
+            row = class_rows[cls] = lp.row(False, float(misses[cls]))
+        lp.put(False, row, g.col_m, 1.0 / g.largest if g.largest > 0 else 0.0)
+        if carbon:  # missed work still runs somewhere: at the least any slot emits
+            lp.cost[g.col_m] = min_rate.get(g.key[0], 0.0) if math.isfinite(
+                min_rate.get(g.key[0], math.inf)) else 0.0
+    import numpy as np
+
+    n = len(lp.cost)
+    a_eq = coo_matrix((lp.eq[2], (lp.eq[0], lp.eq[1])), shape=(len(lp.b_eq), n)).tocsr()
+    a_le = coo_matrix((lp.le[2], (lp.le[0], lp.le[1])), shape=(len(lp.b_le), n)).tocsr() \
+        if lp.b_le else None
+    bounds = np.column_stack([np.zeros(n), np.array(lp.ub, dtype=float)])
+    built = time.perf_counter()
+    res = linprog(np.array(lp.cost), A_ub=a_le, b_ub=np.array(lp.b_le) if lp.b_le else None,
+                  A_eq=a_eq, b_eq=np.array(lp.b_eq), bounds=bounds, method=method)
+    done = time.perf_counter()
+    out = LbResult(objective, "optimal" if res.status == 0 else
+                   "infeasible" if res.status == 2 else str(res.message),
+                   float(res.fun) if res.status == 0 else None, slot_s, n_slots,
+                   len(problem.jobs), len(groups), n, len(lp.b_eq) + len(lp.b_le),
+                   len(lp.eq[0]) + len(lp.le[0]), built - started, done - built)
+    if res.status == 0:
+        x = res.x
+        out.cloud_gpu_hours = float(sum(x[c] for g in groups for c in g.cols_c))
+        out.onprem_gpu_hours = float(sum(x[o] for g in groups for o in g.cols_o))
+        out.missed_gpu_hours = float(sum(x[g.col_m] for g in groups if g.col_m is not None))
+    return out
