@@ -103,6 +103,11 @@ def simulate(
                      ] = True,
     as_json: Annotated[bool, Opt("--print-json", help="Print the metrics JSON to stdout.")
                        ] = False,
+    lower_bound: Annotated[bool, Opt("--lower-bound", help="Add each run's offline lower "
+                                     "bound (an LP; docs/lower-bound.md) to the JSON.")
+                           ] = False,
+    lower_bound_slot: Annotated[float, Opt("--lower-bound-slot", help="Its time slot in "
+                                           "seconds (finer: tighter, slower).")] = 900.0,
 ) -> None:
     """Replay a trace through the production scheduling cycle, with a virtual clock."""
     from broker.sim.metrics import summary_table
@@ -112,7 +117,8 @@ def simulate(
     req = SimRequest(trace=trace, fmt=fmt, cluster=cluster,
                      policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
                      start=start, end=end, busiest_days=busiest_days, load_scale=load_scale,
-                     target_load=target_load, seed=seed, check=check)
+                     target_load=target_load, seed=seed, check=check,
+                     lower_bound=lower_bound, lower_bound_slot_s=lower_bound_slot)
     if report is not None:
         _check_report_deps()  # before minutes of simulation, not after
     with _progress(req.policies) as show:

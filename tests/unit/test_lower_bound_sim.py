@@ -8,7 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from broker.cli import app
 from broker.errors import ConfigError
 from broker.sim.engine import Simulation
 from broker.sim.lower_bound import LbJob, LbProblem
@@ -93,12 +95,14 @@ def test_simulate_writes_the_section_when_asked(tmp_path: Path) -> None:
     yaml.write_text("name: tiny\nnodes: [{prefix: n, gpus: 4xV100-16GB}]\n"
                     "cloud: {sites: [{provider: aws, region: us-east-1, zones: [us-east-1c], "
                     "instance_types: [p3.2xlarge], markets: [ondemand]}]}\n")
-    req = SimRequest(trace=str(csv), cluster=str(yaml), lower_bound=True)
-    (res,) = simulate(req)
-    sec = res.metrics["lower_bound"]
+    out = tmp_path / "out.json"
+    cli = CliRunner().invoke(app, ["simulate", "--trace", str(csv), "--cluster", str(yaml),
+                                   "--lower-bound", "--json", str(out)])
+    assert cli.exit_code == 0, cli.output
+    sec = json.loads(out.read_text())["lower_bound"]
     assert sec["cloud_cost_usd"] == pytest.approx(2.04, abs=0.01)  # as above
     assert sec["carbon_kg"] > 0 and sec["ratio"]["carbon_kg"] >= 1.0
-    json.dumps(res.metrics, allow_nan=False)
+    assert sec["lp"]["carbon"]["status"] == "optimal"
     with pytest.raises(ConfigError, match="--lower-bound-slot 0"):
         simulate(SimRequest(trace=str(csv), cluster=str(yaml), lower_bound=True,
                             lower_bound_slot_s=0.0))
