@@ -93,9 +93,16 @@ def load(folder: str | Path) -> list[tuple[str, tuple[bool, ...], float]]:
     out = []
     for pattern in TRACE_GLOBS:
         for p in sorted(root.glob(pattern)):
-            doc = json.loads(p.read_text(encoding="utf-8"))
-            out.append((str(p.relative_to(root)), tuple(not bool(v) for v in doc["data"]),
-                        float(doc["metadata"]["gap_seconds"])))
+            name = str(p.relative_to(root))
+            try:
+                doc = json.loads(p.read_text(encoding="utf-8"))
+                data, gap = doc["data"], float(doc["metadata"]["gap_seconds"])
+                if not data or gap <= 0:
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"trace {name}: expected JSON with metadata.gap_seconds > 0 "
+                                  "and a non-empty data list (1: no spot, 0: spot)") from None
+            out.append((name, tuple(not bool(v) for v in data), gap))
     if not out:
         raise ConfigError(f"--traces {folder}: none of {', '.join(TRACE_GLOBS)} found there")
     return out

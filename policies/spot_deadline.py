@@ -18,11 +18,11 @@ the two prices. At every step:
    and a later one to on-demand.
 3. From on-demand, go back to spot only for a spot run worth two changeovers: the run's
    expected remaining length given its age (from the runs seen, which are heavy-tailed: a run
-   that has lasted is likely to last) must save more than the on-demand changeover it will
-   cost, and the slack must budget it: with ``n`` spot runs expected in the time left, the
-   rule takes the runs older than the youngest age at which ``n x (share of runs reaching
-   that age) x 2 changeovers`` fits in the slack (``return_age``). Scarce slack so goes to
-   the runs likely to be long.
+   that has lasted is likely to last) must save more than its two changeovers cost (their
+   progress bought back on on-demand), and the slack must budget it: with ``n`` spot runs
+   expected in the time left, the rule takes the runs at least as old as the youngest age at
+   which ``n x (share of runs reaching that age) x 2 changeovers`` fits in the slack
+   (``return_age``). Scarce slack so goes to the runs likely to be long.
 4. Without spot, wait or run on-demand: run on-demand when the spot the job can expect in
    the time left would not finish it: ``work left > (time left - reserve) x a x (1 + optimism
    x slack / work left)``, ``a`` the share of the last ``window_h`` hours spot was up; once on
@@ -39,7 +39,8 @@ to deadline and returns to spot the moment it is back. This rule draws the line 
 seen lately and bends it by the slack (step 4), returns to spot only for runs worth their
 changeovers within a slack budget (step 3) and waits out gaps likely to be short (step 5).
 The four numbers of step 4 were chosen on the Can't Be Late traces themselves (docs/burst.md);
-steps 3 and 5 add none but the history length and the prior below.
+steps 3 and 5 add none but the week of history, the 3-hour age grid and the prior of
+``SpotMarket``: their thresholds come from the prices, the changeover and the runs seen.
 """
 
 from __future__ import annotations

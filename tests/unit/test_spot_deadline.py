@@ -173,3 +173,6 @@ def test_the_bench_reads_the_traces_and_reports_its_keys(tmp_path: Path) -> None
     assert list(out["per_trace"]) == ["aws-02-15-2023/us-east-1a_v100_1.json"]
     with pytest.raises(ConfigError, match="no such folder"):
         run(tmp_path / "absent", Setup())
+    (folder / "us-east-1a_v100_1.json").write_text(json.dumps({"metadata": {}, "data": data}))
+    with pytest.raises(ConfigError, match=r"metadata\.gap_seconds > 0"):
+        run(tmp_path, Setup(starts=5))
