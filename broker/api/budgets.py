@@ -11,6 +11,7 @@ Every change is recorded in the budget history with the token's holder, role and
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -40,6 +41,15 @@ class TeamNotFound(SpillwayError):
                          "operator, would be needed)")
 
 
+class InvalidInput(SpecError):
+    """Bad input to a budget or report route (HTTP 422), each field named; not a job spec."""
+
+    def __init__(self, errors: Sequence[FieldError], what: str = "budget") -> None:
+        self.errors = tuple(errors)
+        SpillwayError.__init__(self, f"invalid {what} ({len(self.errors)} problem(s)): "
+                                     + "; ".join(str(e) for e in self.errors))
+
+
 class NoBudget(SpillwayError):
     """A team (the token may see) without a cap, where one is needed (HTTP 404)."""
 
@@ -50,7 +60,7 @@ class NoBudget(SpillwayError):
 class BudgetBody(BaseModel):
     """A team's cap (as ``spillway budget set``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # ("5" and true are no amounts)
     amount: float = Field(ge=0, allow_inf_nan=False, description="Dollars per window")
     window: Literal["month", "week", "total"] = Field(
         default="month", description="month: the UTC calendar month; week: the ISO week; "
@@ -100,7 +110,7 @@ def _budget(team: str, body: BudgetBody) -> Budget:
         return Budget(team, body.amount, body.window, body.hard, tuple(body.alerts))
     except BudgetError as e:
         field, _, problem = str(e).partition(": ")
-        raise SpecError([FieldError(field, problem)]) from None
+        raise InvalidInput([FieldError(field, problem)]) from None
 
 
 @router.put("/{team}", summary="Set a team's cap (replaces its previous one)")

@@ -17,14 +17,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from broker.api import auth
-from broker.api.budgets import TEAM_PATTERN, scoped
+from broker.api.budgets import TEAM_PATTERN, InvalidInput, scoped
 from broker.api.deps import principal, state
-from broker.errors import FieldError, SpecError
+from broker.errors import FieldError
 from broker.report import Inputs, build
 from broker.report_data import fallback_note, gather
 from broker.report_html import to_html
 from broker.report_render import to_csv
-from broker.report_window import ReportError, parse_window
+from broker.report_window import ReportError, Window, parse_window
 from broker.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
@@ -46,6 +46,21 @@ def only(inputs: Inputs, teams: set[str]) -> Inputs:
                    spent_total={t: v for t, v in inputs.spent_total.items() if t in teams})
 
 
+def checked_window(month: str | None, week: str | None, start: str | None, end: str | None,
+                   now: float) -> Window:
+    """``parse_window``'s window, or ReportError naming the option for one whose edges fall
+    outside the dates Python has (year 9999's last days)."""
+    try:
+        window = parse_window(month, week, start, end, now)
+        _ = window.end  # (the midnight after its last day must exist)
+    except ReportError:
+        raise
+    except (ValueError, OverflowError):
+        field = "--month" if month is not None else "--week" if week is not None else "--to"
+        raise ReportError(field, "is out of range", "a date before 9999-12-31") from None
+    return window
+
+
 def report_data(who: TokenRecord, request: Request, month: str | None, week: str | None,
                 start: str | None, end: str | None, by: str, forecast: str,
                 team: str | None) -> dict[str, Any]:
@@ -55,7 +70,7 @@ def report_data(who: TokenRecord, request: Request, month: str | None, week: str
         scoped(who, "reports.read", team, what="report")
     api, now = state(request), time.time()
     try:
-        window = parse_window(month, week, start, end, now)
+        window = checked_window(month, week, start, end, now)
         inputs, em = gather(api.client.store, api.client.config, window, now, team)
         if who.role in auth.TEAM_SCOPED:
             inputs = only(inputs, set(who.teams))
@@ -64,8 +79,8 @@ def report_data(who: TokenRecord, request: Request, month: str | None, week: str
         allowed = e.allowed
         if e.field == "--team" and who.role in auth.TEAM_SCOPED:
             allowed = ", ".join(who.teams)  # (not the names of teams it may not read)
-        raise SpecError([FieldError(e.field.removeprefix("--"), e.problem, allowed)]
-                        ) from None
+        raise InvalidInput([FieldError(e.field.removeprefix("--"), e.problem, allowed)],
+                           "report options") from None
     data["notes"] += fallback_note(em)
     return data
 

@@ -128,6 +128,14 @@ def test_bad_budgets_and_report_options_name_each_field(
         fin.set_budget("tf", 5.0, "month", True, [0])
     assert [f.field for f in e.value.errors] == ["alerts"]
     with pytest.raises(SpecError) as e:
+        fin.call("PUT", "/v1/budgets/tf", {"amount": True, "hard": "yes"})
+    assert {f.field for f in e.value.errors} == {"amount", "hard"}
+    for query, field in (("month=9999-12", "month"), ("week=2026-W60", "week"),
+                         ("from=2026-11-09&to=2026-11-01", "to"), ("from=2026-11-01", "to")):
+        with pytest.raises(SpecError) as e:
+            fin.call("GET", f"/v1/reports?{query}")
+        assert [f.field for f in e.value.errors] == [field], query
+    with pytest.raises(SpecError) as e:
         fin.report({"month": "2026-13", "by": "team"})
     assert [f.field for f in e.value.errors] == ["month"]
     with pytest.raises(SpecError) as e:
