@@ -33,12 +33,14 @@ Team = Annotated[str, Path(pattern=TEAM_PATTERN, description="A team, as jobs na
 class TeamNotFound(SpillwayError):
     """A team the token may not see (HTTP 404): the same words whether it exists or not."""
 
-    def __init__(self, team: str, who: TokenRecord, what: str = "budget") -> None:
+    def __init__(self, team: str, who: TokenRecord, action: str, what: str = "budget"
+                 ) -> None:
         self.team = team
+        every = " or ".join(r for r in auth.ALLOWED[action] if r not in auth.TEAM_SCOPED)
         super().__init__(f"no {what} of team {team!r} that your token may see; yours "
                          f"({who.user}, role {who.role}) is for team "
                          f"{', '.join(who.teams) or '-'} (a token of team {team!r}, or role "
-                         "operator, would be needed)")
+                         f"{every}, would be needed)")
 
 
 class InvalidInput(SpecError):
@@ -76,7 +78,7 @@ def scoped(who: TokenRecord, action: str, team: str, what: str = "budget") -> st
     that may not, TeamNotFound (404) for a team-bound token of other teams."""
     auth.require(who, action)
     if who.role in auth.TEAM_SCOPED and team not in who.teams:
-        raise TeamNotFound(team, who, what)
+        raise TeamNotFound(team, who, action, what)
     return team
 
 

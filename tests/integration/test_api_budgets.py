@@ -77,6 +77,8 @@ def test_finance_sets_its_teams_budget_and_cannot_see_another_teams(
         status, doc = http(server, fay_tok, method, "/v1/budgets/tb", body)
         assert status == 404, (method, doc)
         assert "no budget of team 'tb' that your token may see" in doc["error"]
+        assert ("or role admin, would" if method != "GET" else "or role operator or admin,"
+                ) in doc["error"]
         # the same words for a team with no budget at all: nothing tells them apart
         assert http(server, fay_tok, method, "/v1/budgets/tz", body)[1]["error"] == \
             doc["error"].replace("'tb'", "'tz'")
