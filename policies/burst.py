@@ -10,7 +10,9 @@ whose ``sites`` allow a cloud:
    ``margin_s``: until then it waits (``wake_at`` asks for a cycle then), since on-prem may
    yet free up and a later decision knows more; but if spot is available now and the
    (optimistic) forecast already breaks its SLA, it takes spot now (``early_spot``): at the
-   decision time only on-demand, about three times the price, may be left.
+   decision time only on-demand, about three times the price, may be left. A job a spot
+   interruption sent back takes spot again at once where there is some (``spot_failover``,
+   as SkyPilot's managed jobs recover), rather than having on-prem drain a node for it.
 3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
    the target, it stays. If on-prem starts it sooner than a boot, it stays
    (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, bursting buys
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
-from broker.state import JobState
+from broker.state import EvictionKind, JobState
 from policies.burst_evictions import drop_evictions_for, victims_cost
 from policies.cycle import Cycle
 from policies.forecast import made_room_for, onprem_start, onprem_starts
@@ -73,6 +75,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
     "lost_sla_spot_only": 1.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
+    "spot_failover": 1.0,  # 1: a job a spot interruption sent back takes spot again at once
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 
@@ -212,14 +215,16 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
     spot = [o for o in offers if o.market.value == "spot"]
     if not spot or not _spot_ok(cycle, job, cfg, costs, spot):
         return None
-    starts = cycle.notes.get("burst_early_starts")
-    if starts is None:
-        starts = cycle.notes["burst_early_starts"] = onprem_starts(cycle, cycle.blocked)
-    if starts.get(job.id, math.inf) <= target:
-        return None
-    start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
-    if start <= target:
-        return None
+    start = math.inf
+    if not (cfg["spot_failover"] and _spot_interrupted(job)):
+        starts = cycle.notes.get("burst_early_starts")
+        if starts is None:
+            starts = cycle.notes["burst_early_starts"] = onprem_starts(cycle, cycle.blocked)
+        if starts.get(job.id, math.inf) <= target:
+            return None
+        start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
+        if start <= target:
+            return None
     kept = cycle.pending.get(job.id)
     choice = _cheapest(cycle, job, cls, cfg, costs, spot, room, new, target)
     if choice is None or choice.offer.market.value != "spot":
@@ -229,6 +234,12 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
             cycle.pending[job.id] = kept
         return None
     return choice, start
+
+
+def _spot_interrupted(job: Job) -> bool:
+    """Was the job's last stop a spot interruption (it was running in the cloud)?"""
+    stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
+    return stop is not None and stop.kind is EvictionKind.SPOT
 
 
 def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,

@@ -209,3 +209,23 @@ def test_a_spot_offer_without_a_rate_takes_the_catalogs_median() -> None:
     bare = replace(SPOT, extra={"boot_s": 60.0})
     assert CostModel().rate(bare) == DEFAULT_INTERRUPTION_RATE
     assert CostModel().rate(OD) == 0.0 and CostModel().rate(SPOT) == 0.05
+
+
+def test_a_job_a_spot_interruption_sent_back_takes_spot_again_at_once() -> None:
+    """Its new SLA target is hours away and on-prem is forecast to start it in time, yet it
+    fails over to spot at once (the on-prem queue would drain a node for it meanwhile); a job
+    preempted on-prem for another reason waits for its decision time."""
+    from broker.model.job import HistoryEntry
+    from broker.state import EvictionKind, JobState
+
+    def back(kind: EvictionKind) -> Job:
+        j = late(left=5000)
+        hist = (*j.history, HistoryEntry(JobState.STOPPING, NOW - 60, "stop", 1, kind),
+                HistoryEntry(JobState.PENDING, NOW - 10, "back", 2))
+        return replace(j, attempt=2, history=hist)
+
+    soon = [running("r", 4, time_limit=10_000 - 1000 + 600)]  # on-prem frees in 10 minutes
+    assert launched(cycle([back(EvictionKind.SPOT)], active=soon)) == [(SPOT.id, 1, ("p",))]
+    assert launched(cycle([back(EvictionKind.PRIORITY)], active=soon)) == []
+    assert launched(cycle([back(EvictionKind.SPOT)], active=soon,
+                          settings={"spot_failover": 0})) == []
