@@ -7,7 +7,9 @@ simulation) owns one :class:`SnapshotBuilder`, which keeps
 - the runtime predictor (policies/predictor.py), fed the runtimes of the attempts finished
   since its last build (the store hands them out after a cursor, in the same round trip as the
   snapshot), and handed to the cycle read-only inside each Snapshot;
-- the cycle's :class:`~policies.cycle.Memory` (caches that make a cycle cheaper).
+- the cycle's :class:`~policies.cycle.Memory` (caches that make a cycle cheaper);
+- the carbon signals (broker/carbon_signals.py): the configured source's intensity and forecast
+  per zone, cached and fetched off the cycle's path; the simulator hands its own in.
 
 A second scheduler that takes over builds its own predictor from the store's runtime samples
 (the last 50,000 are kept), so nothing is lost with the first one.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from broker.carbon_signals import CarbonSignals, from_config
 from broker.config import Config
 from broker.plan import Snapshot
 from broker.store.base import BaseStore
@@ -26,9 +29,12 @@ from policies.predictor import RuntimePredictor
 
 
 class SnapshotBuilder:
-    def __init__(self, store: BaseStore, config: Config | None = None) -> None:
+    def __init__(self, store: BaseStore, config: Config | None = None,
+                 carbon: CarbonSignals | None = None) -> None:
         self.store = store
         cfg = config or store.config
+        # the carbon signals: given (the simulator), else from the configuration's source
+        self.carbon = carbon if carbon is not None else from_config(cfg)
         self.predictor = RuntimePredictor(
             quantile=float(cfg.policy_settings.get("predictor_quantile", 0.9)))
         self.memory = Memory()
@@ -43,4 +49,9 @@ class SnapshotBuilder:
         for team, name, gpus, limit, ran in samples:
             observe(keys(team, name, gpus, limit or None), ran)
         # the teams' caps and what they have committed (broker/store/budgets.py)
-        return with_budgets(replace(snap, predictor=self.predictor), budget_book(self.store))
+        snap = with_budgets(replace(snap, predictor=self.predictor), budget_book(self.store))
+        return self.with_carbon(snap)
+
+    def with_carbon(self, snap: Snapshot) -> Snapshot:
+        """``snap`` with the carbon signals (unchanged when no source is configured)."""
+        return snap if self.carbon is None else self.carbon.dress(snap)

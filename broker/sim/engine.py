@@ -32,6 +32,7 @@ from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
 from broker.scheduler import run_cycle
+from broker.sim.carbon_metrics import carbon_by_class, deadline_metrics, sim_signals
 from broker.sim.cloudrun import CloudRun
 from broker.sim.cluster import Cluster
 from broker.sim.invariants import InvariantChecker
@@ -91,6 +92,7 @@ class Simulation:
         self.cluster, self.trace = cluster, trace
         self.energy = energy  # carbon_kg and cost_per_gpu_hour (None: not computed)
         self.pieces: list[RunPiece] = []  # every run that ended, for the accounting
+        self.piece_classes: list[str] = []  # the class of each piece's job (same order)
         self.progress, self.progress_every_s = progress, progress_every_s
         self.arrived = 0
         self.policy = policy if isinstance(policy, PolicySet) else PolicySet.named(policy)
@@ -101,7 +103,8 @@ class Simulation:
                               policy_settings={**base.policy_settings, **{
                                   k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
-        self.snapshots = SnapshotBuilder(self.store, self.config)  # predictor, caches
+        # predictor, caches, and the carbon signals of the run's series (broker/carbon_signals.py)
+        self.snapshots = SnapshotBuilder(self.store, self.config, sim_signals(energy, cluster))
         self.node_by_id = {n.id: n for n in cluster.nodes}
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None
@@ -225,6 +228,11 @@ class Simulation:
         if self.energy is not None:
             extra = {**extra, **self.energy.metrics(self.pieces,
                                                     extra.get("cloud_cost_usd") or 0.0)}
+            extra["carbon"]["by_class_kg"] = carbon_by_class(self.energy, self.pieces,
+                                                             self.piece_classes)
+        extra = {**extra, **deadline_metrics(
+            self.records, lambda i: self._spec(self.trace_jobs[i]).deadline
+            if i in self.trace_jobs else None)}
         result = SimResult(self.policy.name, self.cluster.capacity_gpus,
                            list(self.records.values()), self.samples,
                            meta={"trace": self.trace.name, "cluster": self.cluster.name,
@@ -322,6 +330,7 @@ class Simulation:
             return  # this attempt was preempted and has already gone
         del self.runs[job_id]
         self.pieces.append(RunPiece(run.started, now, run.gpus, run.model, run.site))
+        self.piece_classes.append(self.trace_jobs[job_id].priority)
         code, why = (1, "TimeLimit") if run.killed else (0, "Exited")
         job = self.store.get(job_id)
         for a in job.allocations:
@@ -341,6 +350,7 @@ class Simulation:
         if run is None or run.attempt != attempt:
             return
         self.pieces.append(RunPiece(run.started, now, run.gpus, run.model, run.site))
+        self.piece_classes.append(self.trace_jobs[job_id].priority)
         job = self.store.get(job_id)
         stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
         sigterm = stop.time if stop is not None else now

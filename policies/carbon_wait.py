@@ -1,0 +1,169 @@
+"""Carbon waits decided before placement: the ``admit`` role's ``carbon-wait`` and the
+``defer`` role's ``carbon-start``.
+
+The ``carbon`` defer policy (policies/defer.py) decides after placement, from the zone of the
+node a job was placed on. On a busy cluster that costs capacity: the job took GPUs in the
+placement phase, its start is then dropped, and the jobs behind it never got those GPUs in
+that cycle. A job that can run in one grid zone only (its ``sites`` allow on-prem sites of one
+zone, which is what a class that may not burst gets) has its cleanest window known before it is
+placed, so ``carbon-wait`` refuses it at admission while it waits (reason
+``DeferredForCarbon``, with until when) and the GPUs go to the jobs behind it.
+
+The window, from the forecast of that zone (``Snapshot.carbon_forecast``):
+
+- a deferrable job (a deadline, or a ``flexible`` class: policies/defer.py ``deferrable``)
+  that has not started yet;
+- it runs without pausing (a pause on a busy cluster gives its GPUs away until it wins them
+  back): the consecutive run with the lowest forecast emissions (policies/carbon_window.py);
+- it must start by its deadline minus its predicted runtime, and within ``sla_share`` of its
+  class SLA (default 0.75: a quarter of the SLA is left as a margin for a full cluster at the
+  planned start);
+- it waits only if that saves at least ``min_saving`` of the forecast emissions of running
+  now (``carbon`` settings, shared with the defer policy) and, when the objective has a carbon
+  price (policies/objective.py), if what it saves is worth more than ``wait_usd_per_gpu_hour``
+  per GPU-hour waited.
+
+A plan is kept per job while the forecast's horizon is the same (a later cycle sees the rest
+of the same window, and the best rest of the best plan is the same plan), so each job's
+window is computed about once per forecast refresh. ``carbon-start`` does the same for jobs
+placed across zones (after placement, non-interruptible, no pausing) and writes the waits'
+reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.model import Job
+from policies import reasons
+from policies.cycle import Cycle
+from policies.defer import (
+    Deferral,
+    deferrable,
+    plan,
+    reason,
+    smoothing_for,
+    window,
+    zone_of,
+)
+from policies.objective import Objective, expected_kg
+from policies.registry import register
+
+WAIT_DEFAULTS: dict[str, float] = {
+    "sla_share": 0.75,  # plan a start within this share of the class SLA
+    "wait_usd_per_gpu_hour": 0.0,  # with a carbon price: what an hour of waiting costs
+    "pause": 0.0,  # 1: a checkpointed job plans to pause through dirty peaks (with the
+    # carbon defer role, which pauses running jobs, policies/defer.py)
+}
+CODE = reasons.DEFERRED_FOR_CARBON
+_NOTE = "carbon_wait_reasons"
+
+
+def _memo(cycle: Cycle) -> dict[tuple[str, int, str], tuple[float, Deferral | None]]:
+    memo = getattr(cycle.memory, "carbon_waits", None)
+    if memo is None:
+        memo = {}
+        cycle.memory.carbon_waits = memo  # type: ignore[attr-defined]
+    if len(memo) > 100_000:
+        memo.clear()
+    return memo  # type: ignore[no-any-return]
+
+
+def job_zone(cycle: Cycle, job: Job) -> str:
+    """The one grid zone ``job`` can run in before it is placed ("" when several or none):
+    the zone of the on-prem sites its ``sites`` allow."""
+    sites = job.spec.sites
+    if any(s != "onprem" and not s.startswith("onprem") for s in sites):
+        return ""  # it may go to a cloud: the zone depends on where
+    zones = {s.carbon_zone for s in cycle.snap.sites if s.is_onprem}
+    return zones.pop() if len(zones) == 1 else ""
+
+
+def decide(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
+    """The cleanest non-stop run of a deferrable job that has not started, in ``zone``;
+    None when it has no choice, no forecast, or is not deferrable."""
+    snap = cycle.snap
+    forecast = snap.carbon_forecast.get(zone)
+    if not forecast or job.attempts or not deferrable(snap, job):
+        return None
+    key = (job.id, job.attempt, zone)
+    memo = _memo(cycle)
+    kept = memo.get(key)
+    horizon = forecast[-1][0]
+    if kept is not None and kept[0] == horizon:
+        d = kept[1]
+        return None if d is None or d.start_at <= cycle.now else d
+    c = cycle.settings("carbon")
+    w = cycle.settings("carbon-wait")
+    work = cycle.estimate(job)
+    latest_end, start_by = window(snap, job, cycle.now, work, work)
+    cls = snap.class_by_name.get(job.priority)
+    if cls is not None:
+        start_by = min(start_by, job.submitted_at + float(w["sla_share"]) * cls.sla_s)
+        if not w["pause"]:
+            latest_end = min(latest_end, start_by + work)
+    d = plan(forecast, cycle.now, work, latest_end, start_by,
+             interruptible=bool(w["pause"]) and bool(job.spec.checkpoint_dir),
+             step=max(60.0, float(c["step_s"])),
+             smooth=smoothing_for(float(c["forecast_error"])))
+    if d is not None and not _worth_it(cycle, job, d, work):
+        d = None
+    memo[key] = (horizon, d)
+    return d if d is not None and d.waits else None
+
+
+def _worth_it(cycle: Cycle, job: Job, d: Deferral, work: float) -> bool:
+    c = cycle.settings("carbon")
+    if not (d.waits and d.saving >= float(c["min_saving"])
+            and d.start_at - d.now >= float(c["min_pause_s"])):
+        return False
+    obj = Objective.of(cycle.settings("objective"))
+    price = float(cycle.settings("carbon-wait")["wait_usd_per_gpu_hour"])
+    if not obj.carbon_usd_per_tonne or not price:
+        return True
+    gpus = job.res.total_gpus
+    model = next((n.gpus[0].model for n in cycle.snap.nodes if n.gpus), "")
+    kg = expected_kg(gpus, model, "onprem", d.now_g - d.planned_g, work)
+    return obj.carbon_usd_per_tonne * kg / 1000.0 >= price * gpus * (d.start_at - d.now) / 3600
+
+
+def _wake(cycle: Cycle, t: float) -> None:
+    cycle.wake_at = t if cycle.wake_at is None else min(cycle.wake_at, t)
+
+
+@register("admit", "carbon-wait", settings={**WAIT_DEFAULTS})
+def carbon_wait(cycle: Cycle, job: Job) -> str | None:
+    """Refuse (for now) a deferrable job whose cleanest window in its one zone is later."""
+    if not cycle.snap.carbon_forecast:
+        return None
+    zone = job_zone(cycle, job)
+    d = decide(cycle, job, zone) if zone else None
+    if d is None:
+        return None
+    cycle.notes.setdefault(_NOTE, {})[job.id] = reason(d, zone, job.spec.deadline)
+    _wake(cycle, d.start_at)
+    return CODE
+
+
+@register("defer", "carbon-start")
+def carbon_start(cycle: Cycle) -> None:
+    """The waits' reasons; and deferrable jobs placed this cycle (in a zone known only once
+    placed) wait for their cleanest non-stop run there."""
+    for job_id, why in cycle.notes.get(_NOTE, {}).items():
+        cycle.pending[job_id] = why
+    if not cycle.snap.carbon_forecast or not cycle.starts:
+        return
+    by_id = {job.id: job for job, _ in cycle.started}
+    keep: list[Any] = []
+    for start, started in zip(cycle.starts, cycle.started):
+        job = by_id[start.job_id]
+        zone = zone_of(cycle.snap, start.allocations[0].node_id) if start.allocations else ""
+        d = decide(cycle, job, zone) if zone else None
+        if d is None:
+            keep.append((start, started))
+            continue
+        cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
+        _wake(cycle, d.start_at)
+    if len(keep) != len(cycle.starts):
+        cycle.starts[:] = [s for s, _ in keep]
+        cycle.started[:] = [j for _, j in keep]

@@ -1,0 +1,87 @@
+"""Carbon waits decided before placement (policies/carbon_wait.py): who waits, until when, and
+that the GPUs a waiting job leaves go to the job behind it in the same cycle."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from broker.config import DEFAULT_CLASSES
+from broker.model import PriorityClass, Site
+from broker.plan import Plan
+from broker.scheduler import run_cycle
+from policies.registry import PolicySet
+from tests.builders import job, node, snapshot
+
+H = 3600.0
+NOW = 0.0
+WAIT = PolicySet(order="fifo", admit="carbon-wait", defer="carbon-start", name="t")
+# 300 g/kWh until 06:00, 100 from 06:00 to 14:00, 300 after (hourly steps over two days)
+DAY = tuple((h * H, 100.0 if 6 <= h % 24 < 14 else 300.0) for h in range(48))
+FLEX = (*DEFAULT_CLASSES, PriorityClass("flex", 150, 24 * H, flexible=True))
+
+
+def cycle(first: dict[str, Any], *, settings: dict[str, Any] | None = None,
+          forecast: tuple[tuple[float, float], ...] = DAY, gpus: int = 1) -> Plan:
+    """One node of ``gpus`` GPUs; job ``a`` (``first``'s spec, 2 h) then ``b`` (normal, 2 h,
+    not deferrable) in strict submission order."""
+    spec = {"priority": "flex", "time_limit": 2 * H, "sites": ("onprem",), **first}
+    a = job("a", 1, submitted=NOW, **spec)
+    b = job("b", 1, submitted=NOW + 1, priority="normal", time_limit=2 * H, sites=("onprem",))
+    snap = replace(snapshot([node("n", gpus)], [a, b], now=NOW), classes=FLEX,
+                   sites=(Site(carbon_zone="US-CAL-CISO"),),
+                   carbon_forecast={"US-CAL-CISO": forecast},
+                   settings={"carbon": {"step_s": H}, **(settings or {})})
+    return run_cycle(snap, WAIT, NOW)
+
+
+# (job a's spec, settings, does a wait, b starts)
+ROWS: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
+    "flexible: waits for 06:00": ({}, {}, True),
+    "a deadline: waits too": ({"priority": "low", "deadline": 20 * H}, {}, True),
+    "a deadline too close: starts now": ({"priority": "low", "deadline": 3 * H}, {}, False),
+    "neither deadline nor flexible: starts now": ({"priority": "normal"}, {}, False),
+    "the window opens past its SLA share: starts now": (
+        {}, {"carbon-wait": {"sla_share": 0.2}}, False),
+    "it may go to the cloud (zone unknown before placement), placed, then waits": (
+        {"sites": ("onprem", "cloud")}, {}, True),
+    "a carbon price, waiting costs more than it saves: starts now": (
+        {}, {"objective": {"carbon_usd_per_tonne": 100},
+             "carbon-wait": {"wait_usd_per_gpu_hour": 1.0}}, False),
+    "a carbon price, waiting cheap: waits": (
+        {}, {"objective": {"carbon_usd_per_tonne": 100},
+             "carbon-wait": {"wait_usd_per_gpu_hour": 0.001}}, True),
+    "it must save 80%: starts now": ({}, {"carbon": {"step_s": H, "min_saving": 0.8}}, False),
+}
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_who_waits(name: str) -> None:
+    spec, settings, waits = ROWS[name]
+    plan = cycle(spec, settings=settings, gpus=2)
+    started = {s.job_id for s in plan.starts}
+    assert ("a" not in started) is waits
+    assert "b" in started
+    if waits:
+        why = plan.pending["a"]
+        assert why.code == "DeferredForCarbon"
+        assert "until 1970-01-01 06:00 UTC (in 6.0h)" in why.message
+        assert plan.wake_at == 6 * H
+
+
+def test_the_gpu_a_waiting_job_leaves_goes_to_the_next_job_in_the_same_cycle() -> None:
+    plan = cycle({}, gpus=1)
+    assert [s.job_id for s in plan.starts] == ["b"]
+    # a job that may go to the cloud is placed first, then waits: its GPU stays idle
+    placed = cycle({"sites": ("onprem", "cloud")}, gpus=1)
+    assert placed.starts == () and placed.pending["a"].code == "DeferredForCarbon"
+
+
+def test_at_the_window_it_starts_and_a_flat_forecast_never_waits() -> None:
+    later = tuple((t - 6 * H, g) for t, g in DAY if t >= 6 * H)
+    assert {s.job_id for s in cycle({}, forecast=later, gpus=2).starts} == {"a", "b"}
+    flat = tuple((h * H, 200.0) for h in range(48))
+    assert {s.job_id for s in cycle({}, forecast=flat, gpus=2).starts} == {"a", "b"}
+    assert {s.job_id for s in cycle({}, forecast=(), gpus=2).starts} == {"a", "b"}
