@@ -58,6 +58,7 @@ from policies.offers import (
     job_share_per_hour,
     market_allowed,
     may_burst,
+    rank_value,
     region_room,
     runtime_on,
     take_booting,
@@ -329,7 +330,10 @@ def _cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any]
             f"max_price_per_hour (${limit:g})") if over else Reason(
             "NoOffer", "no cloud offer within its region quotas boots in time")
         return None
-    return min(cands, key=lambda c: (c.cost, c.bin is None, c.offer.id))
+    # ranked by the objective (policies/objective.py): the dollars themselves by default
+    return min(cands, key=lambda c: (rank_value(
+        cycle, job, c.offer, c.cost, runtime_on(cycle, job, c.offer.gpu_model, unknown),
+        target, costs.boot(c.offer)), c.bin is None, c.offer.id))
 
 
 def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -141,3 +141,25 @@ def test_lateness_prefers_the_faster_boot_once_the_sla_is_lost() -> None:
     slow = rank_value(cyc, job, DIRTY, 6.0, 2 * H, NOW - 60, 1800.0)
     fast = rank_value(cyc, job, DIRTY, 6.5, 2 * H, NOW - 60, 60.0)
     assert fast < slow
+
+
+def test_the_burst_phase_ranks_offers_by_the_objective() -> None:
+    from broker.scheduler import run_cycle
+    from policies.registry import PolicySet
+    from tests.builders import node
+    from tests.unit.test_burst import late
+    from tests.unit.test_burst import offer as burst_offer
+    from tests.unit.test_preemption import running, snap
+
+    dirty = replace(burst_offer("ondemand", zone="us-east-1a"), carbon_zone="US-MIDA-PJM")
+    clean = replace(burst_offer("ondemand", zone="us-west-2a", price=3.07),
+                    carbon_zone="US-NW-BPAT")
+
+    def chosen(weights: dict[str, Any]) -> str:
+        s = snap([node("a", 4)], [late()], [running("r", 4, time_limit=20 * H)],
+                 offers=(dirty, clean), settings={"objective": weights},
+                 carbon_forecast=dict(FORECAST))
+        return run_cycle(s, PolicySet(burst="sla", name="t")).launches[0].offer_id
+
+    assert chosen({}) == dirty.id  # the cheaper, as by dollars alone
+    assert chosen({"carbon_usd_per_tonne": 100}) == clean.id
