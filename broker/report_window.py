@@ -111,7 +111,21 @@ def range_window(start: str, end: str) -> Window:
 def parse_window(month: str | None, week: str | None, start: str | None, end: str | None,
                  now: float) -> Window:
     """The window the options name: exactly one of a month, a week or a --from/--to range
-    (both days given); none: the month holding ``now``."""
+    (both days given); none: the month holding ``now``. ReportError names the option whose
+    window ends past the dates Python has (year 9999's last days)."""
+    try:
+        window = _window(month, week, start, end, now)
+        _ = window.end  # (the midnight after its last day must exist)
+    except ReportError:
+        raise
+    except (ValueError, OverflowError):
+        field = "--month" if month is not None else "--week" if week is not None else "--to"
+        raise ReportError(field, "is out of range", "a date before 9999-12-31") from None
+    return window
+
+
+def _window(month: str | None, week: str | None, start: str | None, end: str | None,
+            now: float) -> Window:
     given = [n for n, v in (("--month", month), ("--week", week)) if v is not None]
     if start is not None or end is not None:
         given.append("--from/--to")

@@ -75,6 +75,8 @@ def test_windows(args: tuple[str | None, ...], label: str, first: str, last: str
     ((None, None, "2026-11-05", "2026-11-01"), "--to", "on or after --from"),
     ((None, None, "2026-11-05", None), "--to", "--from and --to together"),
     (("2026-11", "2026-W47", None, None), "window", "one of --month, --week"),
+    (("9999-12", None, None, None), "--month", "before 9999-12-31"),  # no midnight after it
+    ((None, None, "9999-12-01", "9999-12-31"), "--to", "before 9999-12-31"),
 ])
 def test_bad_windows_name_the_option(args: tuple[str | None, ...], field: str,
                                      allowed: str) -> None:
