@@ -159,7 +159,7 @@ class _TooLarge(Exception):
     pass
 
 
-def create_app(client: Client, submit_rate: float = 5.0, submit_burst: int = 50) -> FastAPI:
+def create_app(client: Client, submit_rate: float = 50.0, submit_burst: int = 5000) -> FastAPI:
     """The API on ``client``'s cluster (a client on a ``redis://`` URL)."""
     if client._remote is not None:
         raise ConfigError(f"the API server needs the cluster's Redis URL, not {client.redis_url}")
@@ -188,5 +188,5 @@ def from_env() -> FastAPI:
     """The app uvicorn builds in each worker process (``spillway api`` sets the variables)."""
     config: Config = load_config(os.environ.get("SPILLWAY_CONFIG") or None)
     client = Client(os.environ["SPILLWAY_REDIS_URL"], config)
-    return create_app(client, float(os.environ.get("SPILLWAY_API_SUBMIT_RATE", "5")),
-                      int(os.environ.get("SPILLWAY_API_SUBMIT_BURST", "50")))
+    return create_app(client, float(os.environ.get("SPILLWAY_API_SUBMIT_RATE", "50")),
+                      int(os.environ.get("SPILLWAY_API_SUBMIT_BURST", "5000")))

@@ -10,6 +10,7 @@ library only (http.client): researchers need no extra package to talk to the API
 from __future__ import annotations
 
 import builtins
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -44,6 +45,12 @@ IDLE_S = 4.0  # reconnect before reusing a connection idle this long (uvicorn cl
 
 class ApiUnreachable(SpillwayError, ConnectionError):
     """The API server did not answer."""
+
+
+#: A rate-limited submit is sent again after the server's Retry-After when that is at most
+#: this many seconds, and while the waits add up to at most PACE_TOTAL_S.
+PACE_S = 30.0
+PACE_TOTAL_S = 120.0
 
 
 def is_loopback(host: str) -> bool:
@@ -147,7 +154,20 @@ class Remote:
                                  "to its CA") from None
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
-        """One request on the kept connection; the JSON reply, or the error it stands for."""
+        """One request on the kept connection; the JSON reply, or the error it stands for. A
+        rate-limited submit (429) whose ``Retry-After`` is at most :data:`PACE_S` is sent again
+        after it, up to :data:`PACE_TOTAL_S` in all: a long sweep is paced, not refused."""
+        waited = 0.0
+        while True:
+            try:
+                return self._call_once(method, path, body, timeout)
+            except RateLimited as e:
+                if not 0 < e.retry_after <= PACE_S or waited + e.retry_after > PACE_TOTAL_S:
+                    raise
+                time.sleep(e.retry_after)  # (the server's pacing, not a synchronisation)
+                waited += e.retry_after
+
+    def _call_once(self, method: str, path: str, body: Any, timeout: float) -> Any:
         with self._lock:
             reused = self._conn is not None and time.monotonic() - self._used < IDLE_S
             if not reused:
@@ -174,7 +194,11 @@ class Remote:
         except ValueError:
             doc = None
         if resp.status >= 400:
-            raise _fail(resp.status, doc)
+            err = _fail(resp.status, doc)
+            if isinstance(err, RateLimited):
+                with contextlib.suppress(ValueError):
+                    err.retry_after = float(resp.getheader("Retry-After") or 0)
+            raise err
         return doc
 
     # -- the client's calls ----------------------------------------------------------------------

@@ -21,8 +21,8 @@ class ServeOptions:
     certfile: Path | None = None
     keyfile: Path | None = None
     config_path: Path | None = None
-    submit_rate: float = 5.0  # jobs a second per token
-    submit_burst: int = 50
+    submit_rate: float = 50.0  # jobs a second per token
+    submit_burst: int = 5000  # jobs at once: a sweep of thousands in one batch
     workers: int = 1
     insecure_http: bool = False  # plain http on a non-loopback address (a TLS proxy in front)
     log_level: str = "info"

@@ -36,9 +36,9 @@ def api(
     key: Annotated[Path | None, Opt("--key", envvar="SPILLWAY_API_KEY",
                                     help="TLS private key (PEM).")] = None,
     submit_rate: Annotated[float, Opt("--submit-rate", help="Jobs a second each token may "
-                                                            "submit.")] = 5.0,
+                                                            "submit.")] = 50.0,
     submit_burst: Annotated[int, Opt("--submit-burst", help="Jobs a token may submit at "
-                                                            "once.")] = 50,
+                                                            "once.")] = 5000,
     workers: Annotated[int, Opt("--workers", help="Server processes.")] = 1,
     insecure_http: Annotated[bool, Opt("--insecure-http", help="Allow plain http on a "
                                                                "non-loopback address (behind "

@@ -189,3 +189,33 @@ def test_token_commands_on_redis(redis_url: str, no_token_env: Path,
     assert listed[made["record"]["id"]]["status"] == "revoked"
     assert made["token"] not in res.stdout
     redis.Redis.from_url(url).delete("sw:tokens")
+
+
+def test_the_client_waits_out_a_short_retry_after_and_gives_up_on_a_long_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.api import remote
+
+    r = remote.Remote("http://127.0.0.1:1", Config(), token="swt_x_y")
+    answers: list[object] = [RateLimited("retry in 0.01s", 0.01),
+                             RateLimited("retry in 0.02s", 0.02), {"ok": 1}]
+    sent: list[str] = []
+
+    def once(method: str, path: str, body: object, timeout: float) -> object:
+        sent.append(path)
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    monkeypatch.setattr(r, "_call_once", once)
+    assert r.call("POST", "/v1/jobs", {}) == {"ok": 1} and len(sent) == 3  # paced, then in
+    answers[:] = [RateLimited("retry in 1000s", remote.PACE_S + 1)]
+    with pytest.raises(RateLimited, match="1000s"):  # too long to wait: the caller decides
+        r.call("POST", "/v1/jobs", {})
+    answers[:] = [RateLimited("a batch of 9 is more than the 3", 0.0)]
+    with pytest.raises(RateLimited, match="more than"):  # waiting would not help
+        r.call("POST", "/v1/jobs/batch", {})
+    monkeypatch.setattr(remote, "PACE_TOTAL_S", 0.015)
+    answers[:] = [RateLimited("retry in 0.01s", 0.01), RateLimited("retry in 0.01s", 0.01)]
+    with pytest.raises(RateLimited):  # the waits would add up past the total
+        r.call("POST", "/v1/jobs", {})
