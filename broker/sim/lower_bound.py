@@ -253,8 +253,8 @@ def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int]
           slot_s: float = 900.0, method: str = "highs-ipm") -> LbResult:
     """The least cloud cost (``cost``, dollars) or emissions (``carbon``, kg) of serving
     ``problem``'s jobs with at most ``misses[cls]`` jobs of each class outside their windows."""
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import linprog  # type: ignore[import-untyped]
+    from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
 
     misses = dict(misses or {})
     _check(problem, objective, misses, slot_s)
@@ -321,40 +321,40 @@ def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int]
     quota_rows: dict[tuple[str, int], int] = {}
     zone_rows: dict[tuple[str, int], int] = {}
     spot_up: dict[tuple[str, int], float] = {}
-    for tkey, by_slot in used_cl.items():
+    for tkey, held_by_slot in used_cl.items():
         opts = _options(problem, tkey, objective)
-        for s, cols in by_slot.items():
+        for s, held in held_by_slot.items():
             bal = lp.row(True, 0.0)
-            for col, _ in cols:
+            for col, _ in held:
                 lp.put(True, bal, col, 1.0)
-            for o in opts:
-                quota = problem.quotas.get(o.region, math.inf)
+            for offer in opts:
+                quota = problem.quotas.get(offer.region, math.inf)
                 zone_cap = spot_cap = math.inf
-                if o.spot_zone is not None and problem.spot_seconds is not None:
-                    up = spot_up.get((o.spot_zone, s))
+                if offer.spot_zone is not None and problem.spot_seconds is not None:
+                    up = spot_up.get((offer.spot_zone, s))
                     if up is None:
-                        up = spot_up[(o.spot_zone, s)] = max(0.0, min(
+                        up = spot_up[(offer.spot_zone, s)] = max(0.0, min(
                             edges[s + 1] - edges[s],
-                            problem.spot_seconds(o.spot_zone, edges[s], edges[s + 1])))
+                            problem.spot_seconds(offer.spot_zone, edges[s], edges[s + 1])))
                     if up <= 0:
                         continue
                     zone_cap = quota * up / 3600.0
                     # the type's jobs, each on at most its GPUs while the zone has spot
-                    spot_cap = sum(min(lp.ub[col], gpus * up / 3600.0) for col, gpus in cols)
-                coef = (rate(o.site, o.gpu_model, edges[s], edges[s + 1]) if rate else 0.0) \
-                    if carbon else o.price_per_gpu_hour
+                    spot_cap = sum(min(lp.ub[col], gpus * up / 3600.0) for col, gpus in held)
+                coef = offer.price_per_gpu_hour if not carbon or rate is None \
+                    else rate(offer.site, offer.gpu_model, edges[s], edges[s + 1])
                 min_rate[tkey] = min(min_rate.get(tkey, math.inf), coef)
                 q = lp.col(coef, spot_cap)
                 lp.put(True, bal, q, -1.0)
                 if math.isfinite(quota):
-                    row = quota_rows.get((o.region, s))
+                    row = quota_rows.get((offer.region, s))
                     if row is None:
-                        row = quota_rows[(o.region, s)] = lp.row(False, quota * lens[s])
+                        row = quota_rows[(offer.region, s)] = lp.row(False, quota * lens[s])
                     lp.put(False, row, q, 1.0)
-                if math.isfinite(zone_cap) and o.spot_zone is not None:
-                    row = zone_rows.get((o.spot_zone, s))
+                if math.isfinite(zone_cap) and offer.spot_zone is not None:
+                    row = zone_rows.get((offer.spot_zone, s))
                     if row is None:
-                        row = zone_rows[(o.spot_zone, s)] = lp.row(False, zone_cap)
+                        row = zone_rows[(offer.spot_zone, s)] = lp.row(False, zone_cap)
                     lp.put(False, row, q, 1.0)
     # misses: per class, the missed work over each group's largest job <= the misses allowed
     class_rows: dict[str, int] = {}
