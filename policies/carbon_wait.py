@@ -16,7 +16,7 @@ The window, from the forecast of that zone (``Snapshot.carbon_forecast``):
 - it runs without pausing (a pause on a busy cluster gives its GPUs away until it wins them
   back): the consecutive run with the lowest forecast emissions (policies/carbon_window.py);
 - it must start by its deadline minus its predicted runtime, and within ``sla_share`` of its
-  class SLA (default 0.75: a quarter of the SLA is left as a margin for a full cluster at the
+  class SLA (default 0.5: half of the SLA is left as a margin for a full cluster at the
   planned start);
 - it waits only if that saves at least ``min_saving`` of the forecast emissions of running
   now (``carbon`` settings, shared with the defer policy) and, when the objective has a carbon
@@ -32,6 +32,7 @@ reasons.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from broker.model import Job
@@ -47,10 +48,13 @@ from policies.defer import (
     zone_of,
 )
 from policies.objective import Objective, expected_kg
+from policies.ordering import spillway
 from policies.registry import register
 
 WAIT_DEFAULTS: dict[str, float] = {
-    "sla_share": 0.75,  # plan a start within this share of the class SLA
+    "clean_quantile": 0.33,  # spillway-carbon's order: clean while now is at or below this
+    # quantile of the forecast over the next day
+    "sla_share": 0.5,  # plan a start within this share of the class SLA
     "wait_usd_per_gpu_hour": 0.0,  # with a carbon price: what an hour of waiting costs
     "pause": 0.0,  # 1: a checkpointed job plans to pause through dirty peaks (with the
     # carbon defer role, which pauses running jobs, policies/defer.py)
@@ -167,3 +171,36 @@ def carbon_start(cycle: Cycle) -> None:
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]
+
+
+def clean_now(cycle: Cycle, zone: str) -> bool | None:
+    """Is ``zone``'s intensity now at or below the ``clean_quantile`` of its forecast over the
+    next day? None without a forecast."""
+    steps = cycle.snap.carbon_forecast.get(zone)
+    if not steps:
+        return None
+    horizon = cycle.now + 86400.0
+    ahead = sorted(g for t, g in steps if t < horizon)
+    q = float(cycle.settings("carbon-wait")["clean_quantile"])
+    return steps[0][1] <= ahead[min(len(ahead) - 1, int(q * len(ahead)))]
+
+
+@register("order", "spillway-carbon")
+def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
+    """Spillway's order (policies/ordering.py), then, among the jobs of the classes that may
+    not preempt: while the grid of the on-prem sites is clean (:func:`clean_now`), deferrable
+    jobs first; while it is dirty, after the others. Deferrable work takes the clean hours
+    and leaves the dirty ones to the work that cannot wait (the urgent classes keep their
+    place ahead of both)."""
+    ordered = spillway(cycle, jobs)
+    zones = {s.carbon_zone for s in cycle.snap.sites if s.is_onprem} - {""}
+    clean = clean_now(cycle, zones.pop()) if len(zones) == 1 else None
+    if clean is None:
+        return ordered
+    urgent = {c.name for c in cycle.snap.classes if c.may_preempt}
+    snap = cycle.snap
+    head = [j for j in ordered if j.priority in urgent]
+    rest = [j for j in ordered if j.priority not in urgent]
+    flex = [j for j in rest if deferrable(snap, j)]
+    other = [j for j in rest if not deferrable(snap, j)]
+    return head + (flex + other if clean else other + flex)

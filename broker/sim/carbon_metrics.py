@@ -4,11 +4,16 @@
   snapshots go through (the same :meth:`~broker.carbon_signals.CarbonSignals.dress` as a
   scheduler's): the run's carbon series (broker/energy_sim.py: the shipped Electricity Maps
   2022 series moved onto the trace's year), a zone they lack answered by its stand-in (as the
-  accounting does), fetched in line every 15 simulated minutes over the next two days, a
+  accounting does), fetched in line every 15 simulated minutes over the next seven days, a
   perfect forecast (the series itself).
 - :func:`carbon_by_class`: ``carbon.by_class_kg``, emissions of each class's runs.
 - :func:`deadline_metrics`: ``deadline_jobs`` (jobs with a deadline) and ``deadline_misses``
   (those that finished after it, or never finished).
+- :func:`sim_deadline`: deadlines for a trace that has none. A cluster file's
+  ``settings: {sim_deadlines: {factor: K}}`` gives every job of a ``flexible`` class the
+  deadline submit + its class SLA + K x its runtime in the trace (K = 0, the default: no
+  deadlines): it may start as late as its SLA allows, and then take K + 1 times its runtime to
+  finish (so K = 2 lets a job run in the cleanest third of the hours that follow).
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from typing import Any
 
 from broker.carbon_signals import AliasedSource, CarbonSignals
 from broker.energy_sim import RunPiece, SimEnergy, stand_in
+from policies.registry import declare_settings
 from providers.catalog.zones import carbon_zone
 
+DEADLINE_DEFAULTS = {"factor": 0.0}
+declare_settings("sim_deadlines", DEADLINE_DEFAULTS)
 REFRESH_S = 900.0
-HORIZON_S = 2 * 86400.0
+HORIZON_S = 7 * 86400.0  # a perfect forecast of the whole window of a long job
 
 
 def sim_signals(energy: SimEnergy | None, cluster: Any) -> CarbonSignals | None:
@@ -61,3 +69,12 @@ def deadline_metrics(records: Mapping[str, Any], deadline_of: Callable[[str], fl
         jobs += 1
         misses += rec.end_s is None or rec.end_s > due
     return {"deadline_jobs": jobs, "deadline_misses": misses}
+
+
+def sim_deadline(settings: Mapping[str, Any], cls: Any, submit_s: float, runtime_s: float
+                 ) -> float | None:
+    """A simulated job's deadline (see the module's doc); None: it has none."""
+    factor = float(settings.get("sim_deadlines", {}).get("factor", 0.0))
+    if factor <= 0 or cls is None or not cls.flexible:
+        return None
+    return submit_s + cls.sla_s + factor * runtime_s

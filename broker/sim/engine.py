@@ -32,7 +32,12 @@ from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
 from broker.plan import Plan
 from broker.scheduler import run_cycle
-from broker.sim.carbon_metrics import carbon_by_class, deadline_metrics, sim_signals
+from broker.sim.carbon_metrics import (
+    carbon_by_class,
+    deadline_metrics,
+    sim_deadline,
+    sim_signals,
+)
 from broker.sim.cloudrun import CloudRun
 from broker.sim.cluster import Cluster
 from broker.sim.invariants import InvariantChecker
@@ -109,6 +114,7 @@ class Simulation:
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None
         self.sla = {c.name: c.sla_s for c in cluster.classes}
+        self.classes = {c.name: c for c in cluster.classes}
         self.records: dict[str, JobRecord] = {}
         self.samples: list[Sample] = []
         self.runs: dict[str, _Run] = {}
@@ -146,11 +152,14 @@ class Simulation:
         heapq.heappush(self._events, (t, kind, self._seq, job_id, attempt))
 
     def _spec(self, tj: TraceJob) -> JobSpec:
-        return JobSpec(command=["sim", tj.id], name=tj.name, gpus=tj.gpus, nodes=tj.nodes,
+        spec = JobSpec(command=["sim", tj.id], name=tj.name, gpus=tj.gpus, nodes=tj.nodes,
                        gpu_types=(tj.gpu_type,) if tj.gpu_type else (), cpus=0.0,
                        priority=tj.priority, team=tj.team, time_limit=tj.time_limit_s,
                        checkpoint_dir="/checkpoints",
                        sites=self.cloud.sites_of(tj.priority) if self.cloud else ("onprem",))
+        due = sim_deadline(self.cluster.settings, self.classes.get(tj.priority), tj.submit_s,
+                           tj.duration_s)  # (a cluster file's sim_deadlines; none by default)
+        return spec if due is None else spec.model_copy(update={"deadline": due})
 
     def _load(self) -> None:
         for node in self.cluster.nodes:

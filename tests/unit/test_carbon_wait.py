@@ -85,3 +85,45 @@ def test_at_the_window_it_starts_and_a_flat_forecast_never_waits() -> None:
     flat = tuple((h * H, 200.0) for h in range(48))
     assert {s.job_id for s in cycle({}, forecast=flat, gpus=2).starts} == {"a", "b"}
     assert {s.job_id for s in cycle({}, forecast=(), gpus=2).starts} == {"a", "b"}
+
+
+@pytest.mark.parametrize(("now", "first"), [(NOW, ["crit", "b", "a"]),  # dirty: a waits
+                                            (7 * H, ["crit", "a", "b"])])  # clean: a leads
+def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
+        now: float, first: list[str]) -> None:
+    from policies.carbon_wait import spillway_carbon
+    from policies.cycle import Memory
+
+    a = job("a", 1, submitted=NOW, priority="flex", time_limit=2 * H)
+    b = job("b", 1, submitted=NOW + 1, priority="normal", time_limit=2 * H)
+    crit = job("crit", 1, submitted=NOW + 2, priority="critical", time_limit=2 * H)
+    ahead = tuple((t, g) for t, g in DAY if t >= now)
+    snap = replace(snapshot([node("n", 1)], [a, b, crit], now=now), classes=FLEX,
+                   sites=(Site(carbon_zone="US-CAL-CISO"),),
+                   carbon_forecast={"US-CAL-CISO": ahead})
+
+    class _C:
+        def __init__(self) -> None:
+            self.snap, self.now, self.memory, self.notes = snap, now, Memory(), {}
+
+        @property
+        def fairshare(self) -> dict[str, float]:
+            return {}
+
+        def settings(self, name: str) -> dict[str, Any]:
+            from policies.registry import settings_of
+            return settings_of({}, name)
+
+    assert [j.id for j in spillway_carbon(_C(), [a, b, crit])] == first  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("factor", "cls", "want"), [
+    (0.0, FLEX[-1], None),  # no factor: no deadlines
+    (2.0, FLEX[-1], 100 + 24 * H + 2 * 5 * H),  # submit + SLA + 2 x runtime
+    (2.0, DEFAULT_CLASSES[0], None),  # not a flexible class
+    (2.0, None, None),
+])
+def test_simulated_deadlines(factor: float, cls: Any, want: float | None) -> None:
+    from broker.sim.carbon_metrics import sim_deadline
+
+    assert sim_deadline({"sim_deadlines": {"factor": factor}}, cls, 100.0, 5 * H) == want
