@@ -36,11 +36,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from broker.model import Job
+from broker.plan import Preempt
+from broker.state import EvictionKind, JobState
 from policies import reasons
 from policies.cycle import Cycle
 from policies.defer import (
     Deferral,
     deferrable,
+    done_s,
     plan,
     reason,
     smoothing_for,
@@ -49,6 +52,7 @@ from policies.defer import (
 )
 from policies.objective import Objective, expected_kg
 from policies.ordering import spillway
+from policies.reasons import dur
 from policies.registry import register
 
 WAIT_DEFAULTS: dict[str, float] = {
@@ -83,40 +87,54 @@ def job_zone(cycle: Cycle, job: Job) -> str:
     return zones.pop() if len(zones) == 1 else ""
 
 
-def decide(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
-    """The cleanest non-stop run of a deferrable job that has not started, in ``zone``;
-    None when it has no choice, no forecast, or is not deferrable."""
+def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
+    """The cleanest way to run what is left of a deferrable job in ``zone`` (memoised while
+    the forecast's horizon is the same and its first run has not ended); None when it has no
+    choice, no forecast, or is not deferrable. A job with a deadline is planned for its time
+    limit (the longest it may run), so that a job outrunning its prediction still ends in
+    time."""
     snap = cycle.snap
     forecast = snap.carbon_forecast.get(zone)
-    if not forecast or job.attempts or not deferrable(snap, job):
+    if not forecast or not deferrable(snap, job):
         return None
+    w = cycle.settings("carbon-wait")
+    pause = bool(w["pause"]) and bool(job.spec.checkpoint_dir)
+    if job.attempts and not pause:
+        return None  # it started: without pauses, nothing is left to decide
     key = (job.id, job.attempt, zone)
     memo = _memo(cycle)
     kept = memo.get(key)
     horizon = forecast[-1][0]
-    if kept is not None and kept[0] == horizon:
-        d = kept[1]
-        return None if d is None or d.start_at <= cycle.now else d
+    if kept is not None and kept[0] == horizon and (
+            kept[1] is None or cycle.now < kept[1].runs[0][1]):
+        return kept[1]
     c = cycle.settings("carbon")
-    w = cycle.settings("carbon-wait")
     work = cycle.estimate(job)
-    latest_end, start_by = window(snap, job, cycle.now, work, work)
+    if job.spec.deadline is not None and job.spec.time_limit:
+        work = max(work, float(job.spec.time_limit))
+    left = max(1.0, work - done_s(job, cycle.now))
+    latest_end, start_by = window(snap, job, cycle.now, work, left)
     cls = snap.class_by_name.get(job.priority)
-    if cls is not None:
+    if cls is not None and not job.attempts:
         start_by = min(start_by, job.submitted_at + float(w["sla_share"]) * cls.sla_s)
-        if not w["pause"]:
+        if not pause:
             latest_end = min(latest_end, start_by + work)
-    d = plan(forecast, cycle.now, work, latest_end, start_by,
-             interruptible=bool(w["pause"]) and bool(job.spec.checkpoint_dir),
+    d = plan(forecast, cycle.now, left, latest_end, start_by, interruptible=pause,
              step=max(60.0, float(c["step_s"])),
              smooth=smoothing_for(float(c["forecast_error"])))
-    if d is not None and not _worth_it(cycle, job, d, work):
-        d = None
     memo[key] = (horizon, d)
-    return d if d is not None and d.waits else None
+    return d
 
 
-def _worth_it(cycle: Cycle, job: Job, d: Deferral, work: float) -> bool:
+def decide(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
+    """The plan of a deferrable job that waits now (see :func:`planned`), or None."""
+    d = planned(cycle, job, zone)
+    if d is None or d.start_at <= cycle.now or not _worth_it(cycle, job, d):
+        return None
+    return d
+
+
+def _worth_it(cycle: Cycle, job: Job, d: Deferral) -> bool:
     c = cycle.settings("carbon")
     if not (d.waits and d.saving >= float(c["min_saving"])
             and d.start_at - d.now >= float(c["min_pause_s"])):
@@ -127,6 +145,7 @@ def _worth_it(cycle: Cycle, job: Job, d: Deferral, work: float) -> bool:
         return True
     gpus = job.res.total_gpus
     model = next((n.gpus[0].model for n in cycle.snap.nodes if n.gpus), "")
+    work = sum(b - a for a, b in d.runs)
     kg = expected_kg(gpus, model, "onprem", d.now_g - d.planned_g, work)
     return obj.carbon_usd_per_tonne * kg / 1000.0 >= price * gpus * (d.start_at - d.now) / 3600
 
@@ -155,8 +174,10 @@ def carbon_start(cycle: Cycle) -> None:
     placed) wait for their cleanest non-stop run there."""
     for job_id, why in cycle.notes.get(_NOTE, {}).items():
         cycle.pending[job_id] = why
-    if not cycle.snap.carbon_forecast or not cycle.starts:
+    if not cycle.snap.carbon_forecast:
         return
+    if cycle.settings("carbon-wait")["pause"]:
+        _pause_running(cycle)
     by_id = {job.id: job for job, _ in cycle.started}
     keep: list[Any] = []
     for start, started in zip(cycle.starts, cycle.started):
@@ -171,6 +192,28 @@ def carbon_start(cycle: Cycle) -> None:
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]
+
+
+def _pause_running(cycle: Cycle) -> None:
+    """With ``pause``: a running checkpointed deferrable job whose plan pauses now is stopped
+    (eviction kind ``carbon``; it checkpoints and waits, ``DeferredForCarbon``, for its next
+    run); one that runs now and pauses later wakes the cycle at the end of its run."""
+    leaving = {p.job_id for p in cycle.evictions}
+    for job in cycle.snap.active:
+        if (job.state is not JobState.RUNNING or not job.spec.checkpoint_dir
+                or job.id in leaving or not job.allocations):
+            continue
+        zone = zone_of(cycle.snap, job.allocations[0].node_id)
+        d = planned(cycle, job, zone) if zone else None
+        if d is None:
+            continue
+        if d.start_at > cycle.now and _worth_it(cycle, job, d):
+            cycle.evictions.append(Preempt(
+                job.id, job.attempt, f"pausing for cleaner power in {zone} for "
+                f"{dur(d.start_at - cycle.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
+            _wake(cycle, d.start_at)
+        elif d.start_at <= cycle.now:
+            _wake(cycle, d.runs[0][1])
 
 
 def clean_now(cycle: Cycle, zone: str) -> bool | None:

@@ -11,9 +11,9 @@
   (those that finished after it, or never finished).
 - :func:`sim_deadline`: deadlines for a trace that has none. A cluster file's
   ``settings: {sim_deadlines: {factor: K}}`` gives every job of a ``flexible`` class the
-  deadline submit + its class SLA + K x its runtime in the trace (K = 0, the default: no
-  deadlines): it may start as late as its SLA allows, and then take K + 1 times its runtime to
-  finish (so K = 2 lets a job run in the cleanest third of the hours that follow).
+  deadline submit + its class SLA + K x its time limit (K = 0, the default: no deadlines): it
+  may start as late as its SLA allows, and then take K times its limit to finish (a user
+  knows a limit, not the runtime; with K = 2 a job may run in half the hours that follow).
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ def deadline_metrics(records: Mapping[str, Any], deadline_of: Callable[[str], fl
     return {"deadline_jobs": jobs, "deadline_misses": misses}
 
 
-def sim_deadline(settings: Mapping[str, Any], cls: Any, submit_s: float, runtime_s: float
+def sim_deadline(settings: Mapping[str, Any], cls: Any, submit_s: float, limit_s: float
                  ) -> float | None:
     """A simulated job's deadline (see the module's doc); None: it has none."""
     factor = float(settings.get("sim_deadlines", {}).get("factor", 0.0))
     if factor <= 0 or cls is None or not cls.flexible:
         return None
-    return submit_s + cls.sla_s + factor * runtime_s
+    return submit_s + cls.sla_s + factor * limit_s

@@ -158,7 +158,7 @@ class Simulation:
                        checkpoint_dir="/checkpoints",
                        sites=self.cloud.sites_of(tj.priority) if self.cloud else ("onprem",))
         due = sim_deadline(self.cluster.settings, self.classes.get(tj.priority), tj.submit_s,
-                           tj.duration_s)  # (a cluster file's sim_deadlines; none by default)
+                           tj.time_limit_s)  # (a cluster file's sim_deadlines; none by default)
         return spec if due is None else spec.model_copy(update={"deadline": due})
 
     def _load(self) -> None:

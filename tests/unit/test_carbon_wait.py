@@ -119,7 +119,7 @@ def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
 
 @pytest.mark.parametrize(("factor", "cls", "want"), [
     (0.0, FLEX[-1], None),  # no factor: no deadlines
-    (2.0, FLEX[-1], 100 + 24 * H + 2 * 5 * H),  # submit + SLA + 2 x runtime
+    (2.0, FLEX[-1], 100 + 24 * H + 2 * 5 * H),  # submit + SLA + 2 x its time limit
     (2.0, DEFAULT_CLASSES[0], None),  # not a flexible class
     (2.0, None, None),
 ])
@@ -127,3 +127,26 @@ def test_simulated_deadlines(factor: float, cls: Any, want: float | None) -> Non
     from broker.sim.carbon_metrics import sim_deadline
 
     assert sim_deadline({"sim_deadlines": {"factor": factor}}, cls, 100.0, 5 * H) == want
+
+
+@pytest.mark.parametrize(("pause", "deadline", "paused"), [
+    (1, 40 * H, True),  # a dirty peak now, clean hours at 06:00 and time to spare: it pauses
+    (0, 40 * H, False),  # pausing off: it runs on
+    (1, 5 * H, False),  # its limit (4 h) leaves no slack before the deadline: it runs on
+])
+def test_a_running_job_pauses_through_a_dirty_peak(pause: int, deadline: float,
+                                                   paused: bool) -> None:
+    from broker.state import EvictionKind
+    from tests.unit.test_preemption import running
+
+    r = running("r", 1, on="n", started=NOW - H, priority="low", time_limit=4 * H,
+                deadline=deadline, checkpoint_dir="/ckpt", sites=("onprem",))
+    snap = replace(snapshot([node("n", 1)], [], [r], now=NOW), classes=FLEX,
+                   sites=(Site(carbon_zone="US-CAL-CISO"),),
+                   carbon_forecast={"US-CAL-CISO": DAY},
+                   settings={"carbon": {"step_s": H}, "carbon-wait": {"pause": pause}})
+    plan = run_cycle(snap, WAIT, NOW)
+    assert [(p.job_id, p.kind) for p in plan.preemptions] == (
+        [("r", EvictionKind.CARBON)] if paused else [])
+    if paused:
+        assert plan.wake_at == 6 * H and "for 6.0h" in plan.preemptions[0].reason
