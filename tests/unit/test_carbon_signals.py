@@ -110,8 +110,8 @@ def test_a_failing_source_keeps_the_last_signals_and_never_raises(
     sig.source = Broken(SOURCE)
     kept = sig.dress(bare(T0 + 2 * H))
     assert sig.failures == 1 and "failed (connection reset)" in caplog.text
-    assert kept.carbon_forecast == snap.carbon_forecast | {
-        "US-CAL-CISO": snap.carbon_forecast["US-CAL-CISO"][1:]}
+    assert kept.carbon_forecast == {
+        **snap.carbon_forecast, "US-CAL-CISO": snap.carbon_forecast["US-CAL-CISO"][1:]}
 
 
 def test_in_the_background_a_slow_source_never_stalls_a_cycle() -> None:

@@ -104,7 +104,8 @@ def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
 
     class _C:
         def __init__(self) -> None:
-            self.snap, self.now, self.memory, self.notes = snap, now, Memory(), {}
+            self.snap, self.now, self.memory = snap, now, Memory()
+            self.notes: dict[str, Any] = {}
 
         @property
         def fairshare(self) -> dict[str, float]:

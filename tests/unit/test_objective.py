@@ -45,7 +45,7 @@ class _Cycle:
 
 
 # (weights, usd, kg, late GPU-hours, value)
-VALUES = {
+VALUES: dict[str, tuple[dict[str, float], float, float, float, float]] = {
     "dollars only": ({}, 10.0, 50.0, 2.0, 10.0),
     "carbon at $100/t": ({"carbon_usd_per_tonne": 100}, 10.0, 50.0, 0.0, 15.0),
     "lateness at $3/GPU-h": ({"late_usd_per_gpu_hour": 3}, 10.0, 0.0, 2.0, 16.0),
