@@ -10,14 +10,14 @@ whose ``sites`` allow a cloud:
    ``margin_s``: until then it waits (``wake_at`` asks for a cycle then), since on-prem may
    yet free up and a later decision knows more; but if spot is available now and the
    (optimistic) forecast already breaks its SLA, it takes spot now (``early_spot``): at the
-   decision time only on-demand, about three times the price, may be left. A job a spot
-   interruption sent back takes spot again at once where there is some (``spot_failover``,
-   as SkyPilot's managed jobs recover), rather than having on-prem drain a node for it.
+   decision time only on-demand, about three times the price, may be left. With
+   ``spot_failover`` (off: it kept more work in the cloud and cost more over 14 days), a job
+   a spot interruption sent back takes spot again at once where there is some.
 3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
    the target, it stays. If on-prem starts it sooner than a boot, it stays
    (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, bursting buys
-   only time: it bursts if the cloud starts it at least ``late_min_gain_s`` sooner, and to
-   spot only (``lost_sla_spot_only``).
+   only time: it bursts if the cloud starts it at least ``late_min_gain_s`` sooner (to spot
+   only with ``lost_sla_spot_only``, off until measured).
 4. Otherwise the offer with the lowest expected cost to finish it (policies/offers.py: price x
    runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
    and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
@@ -74,9 +74,9 @@ SLA_DEFAULTS: dict[str, float] = {
     "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
     "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
     "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
-    "lost_sla_spot_only": 1.0,  # 1: a job whose SLA is lost bursts to spot only
+    "lost_sla_spot_only": 0.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
-    "spot_failover": 1.0,  # 1: a job a spot interruption sent back takes spot again at once
+    "spot_failover": 0.0,  # 1: a job a spot interruption sent back takes spot again at once
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 

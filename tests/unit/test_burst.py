@@ -100,9 +100,13 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [], {"p": "BurstNotWorthIt"}),
     "SLA lost, cloud much sooner: bursts anyway": (
         [late(left=-500)], {}, [(SPOT.id, 1, ("p",))], {"p": "Bursting"}),
-    "SLA lost, no spot: on-demand would buy only time": (
-        [late(left=-500)], {"offers": (offer("spot", available=False), OD)}, [],
+    "SLA lost, no spot: on-demand would buy only time (lost_sla_spot_only)": (
+        [late(left=-500)], {"offers": (offer("spot", available=False), OD),
+                            "settings": {"lost_sla_spot_only": 1}}, [],
         {"p": "BurstNotWorthIt"}),
+    "SLA lost, no spot: on-demand by default": (
+        [late(left=-500)], {"offers": (offer("spot", available=False), OD)},
+        [(OD.id, 1, ("p",))], {"p": "Bursting"}),
     "a slow boot that misses the SLA is passed over": (
         [late()], {"offers": (offer("spot", boot=400), OD)}, [(OD.id, 1, ("p",))], {}),
     "the queue ahead pushes it past its SLA": (
@@ -212,9 +216,10 @@ def test_a_spot_offer_without_a_rate_takes_the_catalogs_median() -> None:
 
 
 def test_a_job_a_spot_interruption_sent_back_takes_spot_again_at_once() -> None:
-    """Its new SLA target is hours away and on-prem is forecast to start it in time, yet it
-    fails over to spot at once (the on-prem queue would drain a node for it meanwhile); a job
-    preempted on-prem for another reason waits for its decision time."""
+    """With ``spot_failover``: its new SLA target is hours away and on-prem is forecast to
+    start it in time, yet it fails over to spot at once (the on-prem queue would drain a node
+    for it meanwhile); a job preempted on-prem for another reason waits for its decision
+    time."""
     from broker.model.job import HistoryEntry
     from broker.state import EvictionKind, JobState
 
@@ -225,7 +230,8 @@ def test_a_job_a_spot_interruption_sent_back_takes_spot_again_at_once() -> None:
         return replace(j, attempt=2, history=hist)
 
     soon = [running("r", 4, time_limit=10_000 - 1000 + 600)]  # on-prem frees in 10 minutes
-    assert launched(cycle([back(EvictionKind.SPOT)], active=soon)) == [(SPOT.id, 1, ("p",))]
-    assert launched(cycle([back(EvictionKind.PRIORITY)], active=soon)) == []
-    assert launched(cycle([back(EvictionKind.SPOT)], active=soon,
-                          settings={"spot_failover": 0})) == []
+    on = {"spot_failover": 1}
+    assert launched(cycle([back(EvictionKind.SPOT)], active=soon, settings=on)) == \
+        [(SPOT.id, 1, ("p",))]
+    assert launched(cycle([back(EvictionKind.PRIORITY)], active=soon, settings=on)) == []
+    assert launched(cycle([back(EvictionKind.SPOT)], active=soon)) == []  # off by default
