@@ -89,10 +89,10 @@ def job_zone(cycle: Cycle, job: Job) -> str:
 
 def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
     """The cleanest way to run what is left of a deferrable job in ``zone`` (memoised while
-    the forecast's horizon is the same and its first run has not ended); None when it has no
-    choice, no forecast, or is not deferrable. A job with a deadline is planned for its time
-    limit (the longest it may run), so that a job outrunning its prediction still ends in
-    time."""
+    the forecast's horizon is the same and, once it started, its run has not ended); None
+    when it has no choice, no forecast, or is not deferrable. A job with a deadline is planned
+    for its time limit (the longest it may run), so that a job outrunning its prediction still
+    ends in time."""
     snap = cycle.snap
     forecast = snap.carbon_forecast.get(zone)
     if not forecast or not deferrable(snap, job):
@@ -106,8 +106,8 @@ def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
     kept = memo.get(key)
     horizon = forecast[-1][0]
     if kept is not None and kept[0] == horizon and (
-            kept[1] is None or cycle.now < kept[1].runs[0][1]):
-        return kept[1]
+            kept[1] is None or not job.attempts or cycle.now < kept[1].runs[0][1]):
+        return kept[1]  # (a job that started is planned again when its run ends)
     c = cycle.settings("carbon")
     work = cycle.estimate(job)
     if job.spec.deadline is not None and job.spec.time_limit:
