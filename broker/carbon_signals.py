@@ -36,6 +36,7 @@ from typing import Any
 
 from broker.model import Site
 from broker.plan import Snapshot
+from providers.carbon.averages import yearly_average
 from providers.carbon.base import CarbonError, CarbonSource, signals
 from providers.catalog.zones import site_zone
 
@@ -172,6 +173,11 @@ class CarbonSignals:
         if not zones:
             return snap
         carbon, forecast = self.current(snap.now, zones)
+        for zone in zones:  # a zone the source knows nothing of: its yearly average, if any
+            if zone not in carbon and zone not in forecast and zone not in snap.carbon:
+                average = yearly_average(zone)
+                if average is not None:
+                    carbon[zone] = average
         have = {str(s): s for s in snap.sites}
         sites = list(snap.sites)
         for name in sorted({n.site for n in snap.nodes} - set(have)):

@@ -32,9 +32,8 @@ from typing import Any
 
 from broker.energy import EnergyModel
 from broker.speed import convert_runtime
+from policies.carbon_window import slot_means
 from policies.registry import declare_settings
-from providers.carbon.averages import yearly_average
-from providers.carbon.base import integrate
 
 OBJECTIVE_DEFAULTS: dict[str, float] = {
     "usd_weight": 1.0,  # weight of the expected dollars
@@ -93,15 +92,16 @@ def mean_intensity(zone: str, start: float, end: float,
                    forecast: Mapping[str, Sequence[tuple[float, float]]],
                    now_g: Mapping[str, float]) -> float | None:
     """gCO2e/kWh expected in ``zone`` over ``[start, end)``: the forecast's mean, else the
-    intensity now, else the zone's yearly average; None when nothing is known of it."""
+    intensity now (the signals put a zone's yearly average there when its source knows
+    nothing better: broker/carbon_signals.py); None when nothing is known of it."""
     steps = forecast.get(zone)
     if steps:
         if end <= start:
             return float(steps[0][1])
-        return integrate(steps, start, end) / (end - start)
+        return slot_means(steps, start, 1, end - start)[0]
     if zone in now_g:
         return float(now_g[zone])
-    return yearly_average(zone) if zone else None
+    return None
 
 
 def expected_kg(gpus: int, model: str, site: str, intensity_g: float | None,

@@ -88,7 +88,7 @@ def test_expected_intensity_and_emissions() -> None:
     assert mean_intensity("A", 0.0, 2 * H, {"A": steps}, {}) == pytest.approx(200.0)
     assert mean_intensity("A", 5.0, 5.0, {"A": steps}, {}) == 100.0
     assert mean_intensity("B", 0.0, H, {"A": steps}, {"B": 42.0}) == 42.0
-    assert mean_intensity("ES", 0.0, H, {}, {}) == 167.0  # the yearly average (EM 2022)
+    assert mean_intensity("ES", 0.0, H, {}, {}) is None  # (signals carry yearly averages)
     assert mean_intensity("XX-NOWHERE", 0.0, H, {}, {}) is None
     # one V100 (300 W, host share 0.46) on AWS (PUE 1.15) for an hour at 200 g/kWh
     assert expected_kg(1, "V100-16GB", "aws:us-east-1:ondemand", 200.0, H) == pytest.approx(
