@@ -20,6 +20,7 @@ from typing import Any
 from broker.config import CLUSTER_CONFIG_KEYS, Config
 from broker.errors import ConfigError
 from broker.model import Node
+from broker.sim.carbon_metrics import SIM_ONLY_SETTINGS
 from broker.sim.cluster import Cluster
 from broker.sim.types import Trace
 from policies.registry import declared_settings
@@ -87,7 +88,7 @@ def real_config(cluster: Cluster, policy: str) -> dict[str, Any]:
         "teams": [{"name": t.name, "weight": t.weight, "quota_gpus": t.quota_gpus}
                   for t in cluster.teams],
         "policy_settings": {k: v for k, v in cluster.settings.items()
-                            if k not in CLUSTER_CONFIG_KEYS},
+                            if k not in CLUSTER_CONFIG_KEYS and k not in SIM_ONLY_SETTINGS},
         "metrics_port": 0,
         "agent_metrics_port": 0,
         **own,

@@ -29,6 +29,8 @@ from providers.catalog.zones import carbon_zone
 
 DEADLINE_DEFAULTS = {"factor": 0.0}
 declare_settings("sim_deadlines", DEADLINE_DEFAULTS)
+#: Settings only the simulator reads: a real scheduler's configuration does not take them.
+SIM_ONLY_SETTINGS = frozenset({"sim_deadlines"})
 REFRESH_S = 900.0
 HORIZON_S = 7 * 86400.0  # a perfect forecast of the whole window of a long job
 
