@@ -176,9 +176,12 @@ def test_demo_bursts_to_the_local_cloud_and_gives_every_machine_back(tmp_path: P
 
 @pytest.mark.slow
 def test_demo_interrupted_again_and_again_mid_burst_leaves_nothing_running(tmp_path: Path) -> None:
+    # Ctrl-C as a terminal sends it: the demo must see SIGINT even where this run was started
+    # in the background of a shell without job control, which ignores SIGINT in its children
     proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "demo"],
                             env=clean_env(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         url = None
