@@ -10,9 +10,9 @@ The recipe and the cycle's state only; every decision is a registered policy
                 before backfill (defragmentation moves)    (admit, place, reserve, evict)
     4 evict     the ordered evictors: scavenger eviction, class preemption and quota
                 reclaim, defragmentation moves, relief                (evict)
-    5 burst     rent cloud capacity where the SLA would break        (burst; none today)
+    5 burst     rent cloud capacity where the SLA would break        (burst: sla, baselines)
     5b budget   keep those launches within the teams' caps           (budget)
-    6 defer     hold deferrable work for a better window             (defer; none today)
+    6 defer     hold deferrable work for a cleaner window            (defer: carbon...)
     7 plan      a reason for every job left pending, the reservation, wake_at
 """
 
