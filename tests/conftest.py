@@ -42,6 +42,26 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit((p.scheme, p.netloc, f"/{db}", p.query, p.fragment))
 
 
+def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object, *unset: str) -> None:
+    """A fixture body for CLI tests: no cluster or config file from the environment (and no
+    ``~/.config/spillway/config.yaml``: HOME is ``tmp_path``), tables 200 columns wide, and
+    ``unset``'s variables gone too."""
+    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG", *unset):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def run_cli(url: str, *args: str) -> tuple[int, str, str]:
+    """``spillway --redis-url URL ARGS...`` through Typer's runner: exit code, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    result = CliRunner().invoke(app, ["--redis-url", url, *args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
 def flushed_db(url: str, db: int) -> Iterator[str]:
     """A fixture body: database ``db`` of the server at ``url``, empty before and after."""
     u = with_db(url, db)

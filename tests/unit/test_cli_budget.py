@@ -12,10 +12,8 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from typer.testing import CliRunner
 
 from broker.actuator import apply_plan
-from broker.cli import app
 from broker.cloud_settings import parse_providers
 from broker.config import Config
 from broker.ledger import accrue_store
@@ -26,7 +24,7 @@ from broker.snapshots import SnapshotBuilder
 from broker.store import open_store
 from broker.store.budgets import budget_book
 from policies.registry import PolicySet
-from tests.conftest import flushed_db
+from tests.conftest import cli_env, flushed_db, run_cli
 from tests.unit.test_commands import FakeRuntime, Recorder
 
 DB = 11  # this module's own database on the session's Redis
@@ -36,10 +34,7 @@ OFFER = Offer("local", "home", "home-a", "t1", "A100-80GB", 1, 80.0, Market.ONDE
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("COLUMNS", "200")
+    cli_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture
@@ -47,9 +42,7 @@ def url(redis_url: str) -> Iterator[str]:
     yield from flushed_db(redis_url, DB)
 
 
-def cli(url: str, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, ["--redis-url", url, *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+cli = run_cli
 
 
 def test_a_burst_past_a_hard_cap_is_refused_and_explained(url: str) -> None:

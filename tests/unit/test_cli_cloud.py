@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from broker.cli import app
 from broker.model import Gpu, Instance, InstanceState, Node
 from broker.store import open_store
-from tests.conftest import flushed_db
+from tests.conftest import cli_env, flushed_db
 
 S = InstanceState
 DB = 14
@@ -23,10 +23,7 @@ OFFER = "local:home:home-a:ondemand/local-2xa100-80gb"
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("COLUMNS", "200")
+    cli_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture

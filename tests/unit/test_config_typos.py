@@ -13,16 +13,14 @@ from broker.cli import app
 from broker.config import Config, load_config
 from broker.errors import ConfigError, SpecError
 from broker.model import JobSpec
+from tests.conftest import cli_env
 
 NOWHERE = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/spillway/config.yaml
-    monkeypatch.setenv("COLUMNS", "200")
+    cli_env(monkeypatch, tmp_path)
 
 
 def load(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Config:

@@ -8,9 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from broker.cli import app
 from broker.client import Client
 from broker.config import Config
 from broker.control import one_cycle
@@ -18,17 +16,14 @@ from broker.gpus import parse_inventory
 from broker.model import Gpu, Node
 from broker.state import JobState
 from broker.store.events import Exited, Started
-from tests.conftest import flushed_db
+from tests.conftest import cli_env, flushed_db, run_cli
 
 DB = 5  # this module's own database on the session's Redis
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("COLUMNS", "200")
+    cli_env(monkeypatch, tmp_path)
 
 
 @pytest.fixture
@@ -36,9 +31,7 @@ def url(redis_url: str) -> Iterator[str]:
     yield from flushed_db(redis_url, DB)
 
 
-def cli(url: str, *args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, ["--redis-url", url, *args], catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+cli = run_cli
 
 
 def _client(url: str) -> Client:
