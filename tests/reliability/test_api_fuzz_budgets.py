@@ -66,14 +66,8 @@ def check(app: Any, toks: dict[str, str], method: str, path: str, query: dict[st
     status, raw = asyncio.run(fuzz._call(app, method, path, qs,
                                          body if method in ("PUT", "POST") else b"",
                                          toks[who]))
-    assert status != 500 and status != 0, raw[:500]
-    assert b"Traceback" not in raw and b'File "' not in raw
+    fuzz.check_answer(status, raw)
     SEEN.add(status)
-    if status >= 400:
-        doc = json.loads(raw)
-        assert doc["error"] and isinstance(doc["errors"], list), raw[:300]
-        if status == 422:
-            assert doc["errors"] and all(e["field"] for e in doc["errors"]), raw[:500]
 
 
 @FUZZ
