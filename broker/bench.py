@@ -173,6 +173,41 @@ def _spawn(url: str, log_dir: str, name: str, *args: str) -> Any:
 
 
 
+NOOP_QUEUE = "bench.noop"
+
+
+def _spawn_noop(url: str, log_dir: str) -> Any:
+    """The raw Celery worker of the reference (broker/bench_noop.py)."""
+    import os
+    import subprocess
+    import sys
+
+    log = open(os.path.join(log_dir, "noop.log"), "ab")  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "broker.bench_noop", url, NOOP_QUEUE],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _noop_rate(client: Any, queue: str, n: int, noop: bool) -> float:
+    """No-op tasks per second through ``queue``: ``n`` sent one at a time, timed until the
+    queue is drained (after one task has gone through, so that the worker is up)."""
+    from broker.bench_noop import NOOP
+
+    def send(i: int) -> None:
+        if noop:
+            client.celery.send_task(NOOP, args=[i], queue=queue)
+        else:
+            commands.ping(client.celery, queue, i)
+
+    send(-1)
+    poll_until(lambda: client.store_redis.llen(queue) == 0, 60, f"a worker on {queue}")
+    t1 = time.perf_counter()
+    for i in range(n):
+        send(i)
+    poll_until(lambda: client.store_redis.llen(queue) == 0, 300, "no-op tasks to drain")
+    return n / (time.perf_counter() - t1)
+
+
 def _cpu_seconds(procs: list[Any], redis_pid: int | None = None) -> dict[str, float]:
     """CPU seconds used so far by each service process (and, apart, by the jobs it reaped),
     this process, and the Redis server when it runs here."""
@@ -226,6 +261,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
     server = None if redis_url else EmbeddedRedis(tmp)
     url = redis_url or server.url  # type: ignore[union-attr]
     procs = []
+    noop_worker = None
     client = Client(url)
     try:
         client.store_redis.flushdb()
@@ -234,6 +270,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             procs.append(_spawn(url, tmp, f"agent{i}", "worker", "--node-id", f"bench-{i}",
                                 "--gpus", f"{gpus_per_agent}xA100-80GB", "--cpus", "1024",
                                 "--work-dir", f"{tmp}/agent{i}"))
+        noop_worker = _spawn_noop(url, tmp)
         poll_until(lambda: len(client.nodes()) == agents, 60, "agents to register")
 
         # 1. latency on an idle cluster: one job at a time, submit -> RUNNING
@@ -258,7 +295,8 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
 
         def all_done() -> bool:  # cheap: the bench must not steal the CPU it measures
             time.sleep(0.05)
-            return not client.store.list_ids("pending") and not client.store.list_ids("active")
+            return client.store.count_ids("pending") == 0 \
+                and client.store.count_ids("active") == 0
 
         poll_until(all_done, 600, "the burst to finish")
         cpu1 = _cpu_seconds(procs, redis_pid)
@@ -270,14 +308,11 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
         burst_lat = sorted((next(h.time for h in j.history if h.state.value == "STARTING")
                             - j.submitted_at) * 1000 for j in final if j is not None)
 
-        # 3. raw Celery: no-op tasks through one agent's queue (same process type, same Redis)
-        queue = "node.bench-0"
-        n = jobs
-        t1 = time.perf_counter()
-        for i in range(n):
-            commands.ping(client.celery, queue, i)
-        poll_until(lambda: client.store_redis.llen(queue) == 0, 300, "ping tasks to drain")
-        celery_rate = n / (time.perf_counter() - t1)
+        # 3. raw Celery: no-op tasks through a Celery worker of Celery's own making (acks on;
+        # broker/bench_noop.py says why not through an agent's queue), same Redis and
+        # settings; then, for the record, the same through an agent's queue
+        celery_rate = _noop_rate(client, NOOP_QUEUE, jobs, noop=True)
+        agent_queue_rate = _noop_rate(client, "node.bench-0", jobs, noop=False)
         return {
             "benchmark": "dispatch",
             "jobs": jobs,
@@ -291,6 +326,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             "idle_submit_to_running_p95_ms": round(_pct(lat, 0.95), 1),
             "celery_noop_tasks_per_s": round(celery_rate, 1),
             "job_starts_vs_celery_ratio": round(len(starts) / span / celery_rate, 3),
+            "agent_queue_noop_tasks_per_s": round(agent_queue_rate, 1),
             "burst_cpu_s": {name: round(cpu1[name] - cpu0[name], 2) for name in cpu0
                             if name in cpu1},
             "burst_cpu_ms_per_start": {name: round((cpu1[name] - cpu0[name]) * 1000
@@ -300,9 +336,9 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             "target_idle_p50_ms": 250,
         }
     finally:
-        for p in procs:
+        for p in [*procs, *([noop_worker] if noop_worker is not None else [])]:
             p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in [*procs, *([noop_worker] if noop_worker is not None else [])]:
             try:
                 p.wait(timeout=20)
             except Exception:

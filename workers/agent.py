@@ -538,6 +538,7 @@ def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     """A Celery worker in this (main) thread: solo pool, only this node's queue."""
     from celery import platforms
     from celery.signals import setup_logging
+    from kombu import Queue
 
     # A receiver on setup_logging tells Celery to leave the agent's logging configuration alone.
     setup_logging.connect(_keep_logging, weak=False)
@@ -552,6 +553,15 @@ def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     # ... and warns, on every lost connection, that this setting's default changes in Celery
     # 6; it only cancels acks_late tasks, and the agent has none
     celery.conf.worker_cancel_long_running_tasks_on_connection_loss = True
+    # No acknowledgements on the node's queue: kombu's Redis transport would otherwise keep
+    # every delivered message in an "unacked" hash until its ack (two more round trips per
+    # message, to redeliver after the 12-hour visibility timeout). Commands are idempotent
+    # and level-triggered: at each heartbeat the agent reads its node's allocations and
+    # starts and stops what it should (:meth:`Agent.reconcile`), and the reconciler sends again
+    # a start whose job stays STARTING and a stop whose job stays STOPPING
+    # (broker/reconciler.py), so a message lost with a dying agent is repaired within
+    # heartbeats, not twelve hours.
+    celery.conf.task_queues = [Queue(queue, no_ack=True)]
     base = celery.Worker
 
     class AgentWorker(base):  # type: ignore[misc, valid-type]

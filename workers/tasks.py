@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from celery.worker.request import Request
+
 from broker import commands
 from broker.app import app
+
+
+class Unacked(Request):  # type: ignore[misc]
+    """A node command, consumed without acknowledgement: the agent consumes its queue with
+    ``no_ack`` (workers/agent.py says why), so there is nothing to acknowledge, and Celery's
+    ack would cost a round trip to remove the message from an "unacked" hash it never
+    entered."""
+
+    def acknowledge(self) -> None:
+        self.acknowledged = True
 
 
 class NodeHandler(Protocol):
@@ -31,17 +43,17 @@ def _node() -> NodeHandler:
     return _handler
 
 
-@app.task(name=commands.START_JOBS)
+@app.task(name=commands.START_JOBS, Request=Unacked)
 def start_jobs(items: list[list[object]]) -> None:
     _node().start_jobs([(str(j), int(a)) for j, a in items])  # type: ignore[call-overload]
 
 
-@app.task(name=commands.STOP_JOB)
+@app.task(name=commands.STOP_JOB, Request=Unacked)
 def stop_job(job_id: str, attempt: int, grace_s: float) -> None:
     _node().stop_job(job_id, int(attempt), float(grace_s))
 
 
-@app.task(name=commands.PING)
+@app.task(name=commands.PING, Request=Unacked)
 def ping(n: int = 0) -> int:
     """A no-op task, for measuring raw Celery throughput beside job dispatch."""
     return n

@@ -251,6 +251,10 @@ class BaseStore(Leadership, ABC):
         """Ids in the ``pending``, ``active`` or ``all`` index, oldest first (no documents)."""
         return self._index(which)
 
+    def count_ids(self, which: str) -> int:
+        """How many ids the ``pending``, ``active`` or ``all`` index holds."""
+        return len(self._index(which))
+
     def get_many(self, job_ids: Sequence[str]) -> list[Job | None]:
         return self._load(job_ids)
 

@@ -375,6 +375,10 @@ class RedisStore(BaseStore):
         # equal scores sort by member, so this is (submitted_at, id) order
         return [_str(m) for m in self.redis.zrange(key, 0, -1)]
 
+    def count_ids(self, which: str) -> int:
+        key = {"pending": self._k_pending, "active": self._k_active, "all": self._k_all}[which]
+        return int(self.redis.zcard(key))
+
     # -- nodes ---------------------------------------------------------------------------------
 
     def _put_node(self, node: Node, lease_expires: float) -> None:

@@ -213,3 +213,57 @@ def test_killed_agent_takes_its_job_with_it_and_a_restart_cleans_up(
                       "attempt 2 to end")
     assert done.state is JobState.SUCCEEDED and done.attempt == 2, done.history
     assert lines(rt, job, 2) == [("out", "resumed=1")]
+
+
+def test_node_queue_is_consumed_without_acknowledgements(rt: Runtime, agent: AgentProc,
+                                                         server: str) -> None:
+    """The agent takes its commands with ``no_ack`` (workers/agent.py): kombu's "unacked" hash
+    and index are never written, neither on delivery nor by an acknowledgement."""
+    r = redis.Redis.from_url(server)
+    r.config_set("notify-keyspace-events", "Kghz$")
+    watch = r.pubsub()
+    watch.subscribe("__keyspace@0__:unacked", "__keyspace@0__:unacked_index",
+                    "__keyspace@0__:sentinel")
+    try:
+        agent.start()
+        wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
+        for _ in range(3):
+            job = submit_and_place(rt, agent.node_id, "true")
+            done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED),
+                              30, "the job to end")
+            assert done.state is JobState.SUCCEEDED, done.history
+        r.set("sentinel", "1")  # its event comes after any earlier one
+        seen: list[bytes] = []
+
+        def sentinel_seen() -> bool:
+            msg = watch.get_message(timeout=0.2)
+            if msg is not None and msg["type"] == "message":
+                seen.append(msg["channel"])
+            return b"__keyspace@0__:sentinel" in seen
+
+        wait_until(sentinel_seen, 10, "the sentinel's keyspace event")
+        assert [c for c in seen if b"unacked" in c] == []
+    finally:
+        watch.close()
+        r.config_set("notify-keyspace-events", "")
+        r.close()
+
+
+def test_a_lost_start_command_is_repaired(rt: Runtime, agent: AgentProc,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """What consuming without acknowledgements relies on: a start command that never reaches
+    the agent (lost with a dying agent, or never sent) is not needed for the job to run. The
+    agent reads its node's allocations at each heartbeat and starts what it should run (the
+    reconciler also sends a start again once a job has stayed STARTING two heartbeats)."""
+    from broker import commands
+
+    agent.start()
+    wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
+    send = commands.start_jobs
+    monkeypatch.setattr(commands, "start_jobs", lambda celery, jobs: 0)  # the message is lost
+    job = submit_and_place(rt, agent.node_id, "true")
+    monkeypatch.setattr(commands, "start_jobs", send)
+    assert rt.store.get(job.id).state is JobState.STARTING
+    done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED), 30,
+                      "the job to end")
+    assert done.state is JobState.SUCCEEDED, done.history
