@@ -229,8 +229,8 @@ def test_node_queue_is_consumed_without_acknowledgements(rt: Runtime, agent: Age
         wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")
         for _ in range(3):
             job = submit_and_place(rt, agent.node_id, "true")
-            done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED),
-                              30, "the job to end")
+            done = wait_until(lambda j=job: state_is(rt, j, JobState.SUCCEEDED,
+                                                     JobState.FAILED), 30, "the job to end")
             assert done.state is JobState.SUCCEEDED, done.history
         r.set("sentinel", "1")  # its event comes after any earlier one
         seen: list[bytes] = []
