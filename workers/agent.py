@@ -164,10 +164,11 @@ class Agent:
 
     def start_jobs(self, items: list[tuple[str, int]]) -> None:
         ids = list(dict.fromkeys(job_id for job_id, _ in items))
-        jobs = {j.id: j for j in self.store.get_many(ids) if j is not None}
+        found, refused = self.store.get_many_checked(ids)  # the seals in the same round trip
+        jobs = {j.id: j for j in found if j is not None}
         with self._lock:
             wanted = [(jobs[j], a) for j, a in items if j in jobs]
-            self._start(wanted)
+            self._start(wanted, refused)
 
     def stop_job(self, job_id: str, attempt: int, grace_s: float) -> None:
         with self._lock:
@@ -183,9 +184,11 @@ class Agent:
 
     # -- starting ------------------------------------------------------------------------------
 
-    def _start(self, wanted: Iterable[tuple[Job, int]]) -> None:
-        """Spawn every part of these (job, attempt) pairs that should run here and does not.
-        Called with the lock held."""
+    def _start(self, wanted: Iterable[tuple[Job, int]],
+               refused: dict[str, str] | None = None) -> None:
+        """Spawn every part of these (job, attempt) pairs that should run here and does not;
+        ``refused``: their specs' problems, when read with the jobs (else read here). Called
+        with the lock held."""
         spawn: list[tuple[Job, Allocation]] = []
         for job, attempt in wanted:
             for alloc in self._missing_parts(job, attempt):
@@ -197,7 +200,7 @@ class Agent:
                     self._report_exit(key, Exited(alloc.rank, 143, "Cancelled before start"))
                 elif not self.draining:
                     spawn.append((job, alloc))
-        spawn = self._sealed(spawn)
+        spawn = self._sealed(spawn, refused)
         if not spawn:
             return
         parts = self.sup.spawn_many([(j, a.rank, a.gpu_ids) for j, a in spawn], self.node_id)
@@ -213,12 +216,14 @@ class Agent:
         metrics.agent_metrics().started(len(started))
         self._report_started(started)
 
-    def _sealed(self, spawn: list[tuple[Job, Allocation]]) -> list[tuple[Job, Allocation]]:
+    def _sealed(self, spawn: list[tuple[Job, Allocation]],
+                refused: dict[str, str] | None = None) -> list[tuple[Job, Allocation]]:
         """The parts whose job's spec is the one submitted; the others are reported as failed
         to start, unrun (broker/security/seal.py). Called with the lock held."""
         if not spawn:
             return spawn
-        refused = self.store.spec_problems(list({j.id: j for j, _ in spawn}.values()))
+        if refused is None:
+            refused = self.store.spec_problems(list({j.id: j for j, _ in spawn}.values()))
         for job, alloc in spawn:
             if job.id in refused:
                 log.error("job %s refused: %s", job.id, refused[job.id])

@@ -65,7 +65,11 @@ def problems(client: Any, prefix: str, jobs: Sequence[Job]) -> dict[str, str]:
     """Job id -> why it must not run, for the jobs whose spec is not the sealed one."""
     if not jobs:
         return {}
-    sealed = client.mget([seal_key(prefix, j.id) for j in jobs])
+    return judge(jobs, client.mget([seal_key(prefix, j.id) for j in jobs]))
+
+
+def judge(jobs: Sequence[Job], sealed: Sequence[bytes | None]) -> dict[str, str]:
+    """Job id -> why it must not run, given each job's sealed spec as read (None: none)."""
     out: dict[str, str] = {}
     for job, raw in zip(jobs, sealed):
         if raw is None:
