@@ -326,11 +326,11 @@ class Client:
         one of ``specs``, unless ``hold`` (default: the ``hold_if_infeasible`` setting)."""
         if self.config.hold_if_infeasible if hold is None else hold:
             return
-        nodes = self.store.nodes()
+        nodes, offers = self.store.nodes(), self._offers()  # once for the whole batch
         problems: builtins.list[FieldError] = []
         for i, spec in enumerate(specs):
             problems += [FieldError(f"[{i}].{p.field}", p.problem, p.allowed) if prefix else p
-                         for p in feasible.problems(spec, nodes, self._offers())]
+                         for p in feasible.problems(spec, nodes, offers)]
         if problems:
             raise SpecError(problems)
 
