@@ -57,6 +57,9 @@ class Snapshot:
     carbon: Mapping[str, float] = field(default_factory=dict)  # carbon zone -> gCO2e/kWh now
     # carbon zone -> forecast steps (unix time, gCO2e/kWh) from now: the carbon defer policy
     carbon_forecast: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # spot zone ("provider:zone") -> what the scheduler has seen of its availability: a
+    # policies.spot_deadline.SpotMarket kept by broker/spot_signals.py (read it, never feed it)
+    spot_markets: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
     def team_by_name(self) -> dict[str, Team]:

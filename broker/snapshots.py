@@ -9,7 +9,9 @@ simulation) owns one :class:`SnapshotBuilder`, which keeps
   snapshot), and handed to the cycle read-only inside each Snapshot;
 - the cycle's :class:`~policies.cycle.Memory` (caches that make a cycle cheaper);
 - the carbon signals (broker/carbon_signals.py): the configured source's intensity and forecast
-  per zone, cached and fetched off the cycle's path; the simulator hands its own in.
+  per zone, cached and fetched off the cycle's path; the simulator hands its own in;
+- the spot signals (broker/spot_signals.py): each spot zone's availability as the published
+  offers show it, one step at a time (the simulator's cloud run keeps its own, replayed).
 
 A second scheduler that takes over builds its own predictor from the store's runtime samples
 (the last 50,000 are kept), so nothing is lost with the first one.
@@ -22,6 +24,7 @@ from dataclasses import replace
 from broker.carbon_signals import CarbonSignals, from_config
 from broker.config import Config
 from broker.plan import Snapshot
+from broker.spot_signals import SpotSignals
 from broker.store.base import BaseStore
 from broker.store.budgets import budget_book, with_budgets
 from policies.cycle import Memory
@@ -38,6 +41,7 @@ class SnapshotBuilder:
         self.predictor = RuntimePredictor(
             quantile=float(cfg.policy_settings.get("predictor_quantile", 0.9)))
         self.memory = Memory()
+        self.spot = SpotSignals()
         self._cursor = "0"
 
     def build(self, now: float) -> Snapshot:
@@ -50,7 +54,7 @@ class SnapshotBuilder:
             observe(keys(team, name, gpus, limit or None), ran)
         # the teams' caps and what they have committed (broker/store/budgets.py)
         snap = with_budgets(replace(snap, predictor=self.predictor), budget_book(self.store))
-        return self.with_carbon(snap)
+        return self.with_carbon(self.spot.dress(snap))
 
     def with_carbon(self, snap: Snapshot) -> Snapshot:
         """``snap`` with the carbon signals (unchanged when no source is configured)."""

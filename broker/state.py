@@ -35,6 +35,7 @@ class EvictionKind(str, Enum):
     SPOT = "spot"  # the cloud is reclaiming its spot instance (an interruption notice)
     BUDGET = "budget"  # its team's hard budget ran out
     CARBON = "carbon"  # a checkpointed deferrable job pauses through a dirty-power peak
+    MARKET = "market"  # a job with a deadline leaves on-demand for spot, or to wait for it
 
     def __str__(self) -> str:
         return self.value

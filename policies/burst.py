@@ -29,8 +29,10 @@ whose ``sites`` allow a cloud:
    ``preempt_or_burst`` 0 keeps the preemption; 1 bursts instead when the cloud costs less
    than the work the victims lose (``onprem_gpu_hour_usd`` per GPU-hour lost) and drops those
    evictions; 2 always bursts instead.
-6. A job with a ``deadline``: spot only while the slack (deadline - now - boot - runtime)
-   still covers ``deadline_spot_slack`` x (a restart and a boot); on-demand after.
+6. A job with a ``deadline``: spot, on-demand or wait as the deadline rule says
+   (policies/spot_deadline.py through policies/deadline_burst.py, fed the spot zones'
+   markets from the snapshot), and one
+   running on on-demand leaves it (checkpointed) when the rule goes back to spot or waits.
 
 On a cluster without offers and without instances it returns at once: the plans of on-prem
 clusters are unchanged. Reasons: ``Bursting``, ``BurstNotWorthIt``, ``OverMaxPrice``,
@@ -46,6 +48,7 @@ from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import EvictionKind, JobState
+from policies import deadline_burst
 from policies.burst_evictions import drop_evictions_for, victims_cost
 from policies.cycle import Cycle
 from policies.forecast import made_room_for, onprem_start, onprem_starts
@@ -72,7 +75,6 @@ SLA_DEFAULTS: dict[str, float] = {
     "late_min_gain_s": 3600.0,  # SLA lost anyway: burst only if the cloud is this much sooner
     "preempt_or_burst": 0.0,  # 0 prefer preemption, 1 the cheaper, 2 prefer bursting
     "onprem_gpu_hour_usd": 2.0,  # the value of an on-prem GPU-hour of work a victim loses
-    "deadline_spot_slack": 2.0,  # spot while slack >= this x (restart + boot)
     "make_room_max_jobs": 16.0,  # jobs ahead that may burst to make room for one
     "lost_sla_spot_only": 0.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
@@ -106,6 +108,7 @@ def sla_burst(cycle: Cycle) -> None:
         return
     cfg = cycle.settings("sla")
     costs = CostModel.of(cfg)
+    deadline_burst.revisit(cycle, costs)  # jobs with a deadline on on-demand: stay or leave
     booting = booting_bins(cycle, costs.boot_s)
     room = region_room(cycle)
     new: list[Bin] = []
@@ -302,9 +305,13 @@ def _cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any]
     now, limit = cycle.now, job.spec.max_price_per_hour
     unknown = float(cfg["unknown_runtime_s"])
     spot_ok = _spot_ok(cycle, job, cfg, costs, offers)
+    if job.spec.deadline is not None and deadline_burst.market_for(cycle, job, costs) == "wait":
+        return None
     cands: list[_Choice] = []
     over = 0
     for o in offers:
+        if (o.market.value == "spot") != spot_ok and job.spec.deadline is not None:
+            continue  # the market the deadline rule chose
         if o.market.value == "spot" and not spot_ok:
             continue
         if limit is not None and job_share_per_hour(o, job) > limit:
@@ -338,18 +345,8 @@ def _cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any]
 
 def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
              offers: list[Offer]) -> bool:
-    """Spot for a job with a deadline only while the slack covers restarts."""
-    if job.spec.deadline is None:
-        return True
-    unknown = float(cfg["unknown_runtime_s"])
-    for o in offers:
-        if o.market.value != "spot":
-            continue
-        run = runtime_on(cycle, job, o.gpu_model, unknown)
-        slack = job.spec.deadline - cycle.now - costs.boot(o) - run
-        if slack >= float(cfg["deadline_spot_slack"]) * (costs.restart_s + costs.boot(o)):
-            return True
-    return False
+    """Spot for a job with a deadline only when the deadline rule takes it now."""
+    return job.spec.deadline is None or deadline_burst.market_for(cycle, job, costs) == "spot"
 
 
 def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float],

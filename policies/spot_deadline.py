@@ -104,6 +104,7 @@ class SpotMarket:
         self.up: bool | None = None
         self.age = 0  # steps the current run has lasted, this one included
         self.i = 0
+        self.next_s = math.inf  # when the next step is observed (set by whoever feeds it)
         self._stats: RunStats | None = None
 
     def copy(self) -> SpotMarket:

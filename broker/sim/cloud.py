@@ -42,6 +42,7 @@ from typing import Any
 from broker.errors import ConfigError
 from broker.model import Gpu, Instance, InstanceState, Node, NodeState, Offer
 from broker.plan import Launch
+from broker.spot_signals import Feed
 
 SITE_KEYS = ("provider", "region", "zones", "instance_types", "markets", "quota_gpus",
              "boot_s", "notice_s", "availability")
@@ -248,6 +249,13 @@ class Clouds:
             out.append(o if up else replace(o, extra={**o.extra, "available": False}))
         self._offers_at = (now, tuple(out))
         return self._offers_at[1]
+
+    def feed(self, key: str) -> Feed | None:
+        """The replayed availability of spot zone ``provider:zone`` (broker/spot_signals.py),
+        None for a zone without a trace."""
+        provider, _, zone = key.partition(":")
+        z = self.zones.get((provider, zone))
+        return None if z is None else Feed(z.gap_s, (-z.offset_s) % z.gap_s, z.up)
 
     def records(self) -> tuple[Instance, ...]:
         return tuple(i.record for i in self.instances.values() if not i.record.ended)

@@ -44,6 +44,7 @@ from broker.sim.invariants import InvariantChecker
 from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
 from broker.snapshots import SnapshotBuilder
 from broker.speed import convert_runtime
+from broker.spot_signals import SpotSignals
 from broker.state import EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
@@ -142,6 +143,8 @@ class Simulation:
         self.cloud_busy = 0  # GPUs busy on cloud nodes (not in the on-prem samples)
         self.cloud: CloudRun | None = CloudRun(self, cluster.cloud, seed) \
             if cluster.cloud is not None else None
+        # what the scheduler sees of the spot zones, read from their replayed traces
+        self.spot = SpotSignals(feeds=self.cloud.clouds.feed) if self.cloud else None
         # the teams' caps (a cluster file's budgets), kept as production does
         self.budgets = SimBudgets(self, cluster.budgets) if self.cloud is not None else None
 
@@ -275,8 +278,8 @@ class Simulation:
         if self.budgets is not None:
             self.budgets.settle(now)  # machines that ended: charged, reservations settled
         snap = self.snapshots.build(now)
-        if self.cloud is not None:
-            snap = self.cloud.dress(snap, now)
+        if self.cloud is not None and self.spot is not None:
+            snap = self.spot.dress(self.cloud.dress(snap, now))
         plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
         if self.budgets is not None:
             plan = self.budgets.apply(plan, now)  # each launch's cost reserved, or refused
