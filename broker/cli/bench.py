@@ -79,23 +79,39 @@ def spot_deadline(
     spot_price: Annotated[float, Opt("--spot-price", help="$/h.")] = 0.918,
     ondemand_price: Annotated[float, Opt("--ondemand-price", help="$/h.")] = 3.06,
     starts: Annotated[int, Opt("--starts", help="Evenly spaced start times per trace.")] = 200,
+    replay: Annotated[bool, Opt("--replay", help="Only the standalone replay of the rule "
+                                "(seconds), not the simulator (the figures of record).")
+                      ] = False,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
-    """One job with a deadline on spot, over availability traces (docs/burst.md)."""
+    """One job with a deadline on spot, over availability traces, each start a simulation
+    of the cluster's burst policy (docs/burst.md); the standalone replay beside it."""
+    import sys
+
+    from broker import deadline_sim
     from broker.deadline_bench import Setup, run
     from broker.errors import ConfigError
 
     if not (0 < work_hours <= deadline_hours) or starts < 1 or changeover_hours < 0:
         raise ConfigError("--work-hours must be > 0 and at most --deadline-hours; --starts "
                           ">= 1; --changeover-hours >= 0")
-    result = run(traces, Setup(work_hours, deadline_hours, changeover_hours, spot_price,
-                               ondemand_price, starts))
+    setup = Setup(work_hours, deadline_hours, changeover_hours, spot_price, ondemand_price,
+                  starts)
+    if replay:
+        result = run(traces, setup)
+        greedy = result["baselines"]["greedy"]
+    else:
+        result = deadline_sim.run(traces, setup, progress=lambda m: print(
+            m, file=sys.stderr, flush=True))
+        greedy = result["replay"]["greedy"]
     if as_json:
         print_json(result)
         return
     _show({"cost_vs_ondemand": result["cost_vs_ondemand"],
            "deadline_misses": result["deadline_misses"],
-           **{f"greedy {k}": v for k, v in result["baselines"]["greedy"].items()}}, False)
+           **({} if replay else {"replay": result["replay"]["cost_vs_ondemand"],
+                                 "wall_s": result["wall_s"]}),
+           **{f"greedy {k}": v for k, v in greedy.items()}}, False)
 
 
 @bench.command("carbon-shift")
