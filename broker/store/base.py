@@ -442,7 +442,7 @@ class BaseStore(Leadership, ABC):
         cfg = self.config
         usage, samples, cursor, raw = meta
         reservation = Reservation.from_dict(json.loads(raw)) if raw else None
-        instances = tuple(i for i, _ in self._load_instances(None, live_only=True))
+        instances = tuple(self._snapshot_instances())
         offers = self.offers(now) if cfg.providers else []
         sites = tuple(dict.fromkeys([Site(), *(o.site for o in offers)])) if offers else ()
         snap = Snapshot(now, pending, active, nodes, allocated, cfg.classes, teams=cfg.teams,
@@ -451,6 +451,11 @@ class BaseStore(Leadership, ABC):
                         settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
                         min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
         return snap, samples, cursor
+
+    def _snapshot_instances(self) -> list[Instance]:
+        """The live cloud instances, for the snapshot :meth:`_read_state` just read (a
+        backend may have read them with it)."""
+        return [i for i, _ in self._load_instances(None, live_only=True)]
 
     def _read_state(self, cursor: str | None) -> tuple[
             list[Job], list[Job], list[Node], dict[str, dict[str, str]],

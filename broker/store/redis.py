@@ -90,6 +90,7 @@ class RedisStore(BaseStore):
                  prefix: str = "sw:", cache_size: int = 100_000) -> None:
         super().__init__(config)
         self._parsed: dict[str, tuple[bytes | str, Job]] = {}  # job id -> (doc, Job)
+        self._read_instances: list[Instance] | None = None  # read with the last state
         self._parsed_nodes: dict[str, tuple[bytes | str, Node]] = {}
         # per index: the last read's raw id -> version, its jobs and their order
         self._last_index: dict[str, tuple[dict[bytes, bytes], dict[bytes, Job],
@@ -236,18 +237,20 @@ class RedisStore(BaseStore):
             list[Job], list[Job], list[Node], dict[str, dict[str, str]],
             tuple[dict[str, tuple[float, float]], list[tuple[str, str, int, float, float]],
                   str | None, str | None]]:
-        """Two round trips: the indexes, the node ids and the metadata in one MULTI; then
-        the nodes, their allocations and the job documents not parsed yet."""
+        """Two round trips: the indexes, the node ids, the live instances' ids and the
+        metadata in one MULTI; then the nodes, their allocations, the instances and the job
+        documents not parsed yet (the instances are kept for :meth:`_snapshot_instances`)."""
         pipe = self.redis.pipeline(transaction=True)
         self._queue_index(pipe, "pending")
         self._queue_index(pipe, "active")
         pipe.zrange(self._k_nodes, 0, -1)
         pipe.hgetall(self._k_usage)
         pipe.get(self._k_reservation)
+        pipe.zrange(self._k_live, 0, -1)
         if cursor is not None:
             pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-",
                         count=5000)
-        pk, pv, ak, av, members, raw_usage, reservation, *rest = pipe.execute()
+        pk, pv, ak, av, members, raw_usage, reservation, live, *rest = pipe.execute()
         raws = {"pending": self._index_raw(pk, pv), "active": self._index_raw(ak, av)}
         known = {w: self._index_known(w, raw) for w, raw in raws.items()}
         node_ids = [_str(m) for m in members]
@@ -259,7 +262,16 @@ class RedisStore(BaseStore):
         stale = known["pending"][1] + known["active"][1]
         for k in stale:
             pipe.hget(self._k_job(k.decode()), "doc")
+        for rid in live:
+            pipe.hmget(f"{self.prefix}inst:{_str(rid)}", ["doc", "version"])
         replies = pipe.execute()
+        if live:
+            self._read_instances = [Instance.from_dict(json.loads(doc))
+                                    for doc, _ in replies[len(replies) - len(live):]
+                                    if doc is not None]
+            replies = replies[:len(replies) - len(live)]
+        else:
+            self._read_instances = []
         n = len(node_ids)
         nodes = self._nodes_from(node_ids, replies[:n])
         allocated = {node_id: {_str(g): _str(o) for g, o in held.items()}
@@ -583,6 +595,10 @@ class RedisStore(BaseStore):
         return QueueOrder(tuple(body.split()), int(total), float(at))
 
     # -- cloud instances -----------------------------------------------------------------------
+
+    def _snapshot_instances(self) -> list[Instance]:
+        read, self._read_instances = self._read_instances, None
+        return super()._snapshot_instances() if read is None else read
 
     def _load_instances(self, request_ids: Sequence[str] | None = None,
                         live_only: bool = False) -> list[tuple[Instance, int]]:

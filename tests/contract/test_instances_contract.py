@@ -104,6 +104,10 @@ def test_the_snapshot_carries_live_instances(store: BaseStore) -> None:
     store.move_instance("r-2", S.FAILED, 105.0, "stockout")
     snap = store.snapshot(200.0)
     assert [i.request_id for i in snap.instances] == ["r-1"]
+    store.move_instance("r-1", S.FAILED, 210.0, "boot timeout")  # each snapshot reads anew
+    assert store.snapshot(220.0).instances == ()
+    store.record_instances([requested("r-3")])
+    assert [i.request_id for i in store.snapshot(230.0).instances] == ["r-3"]
 
 
 def test_blocks_expire(store: BaseStore) -> None:
