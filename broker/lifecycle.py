@@ -12,10 +12,11 @@ table (broker/model/cloud.py):
   FAILED;
 - BOOTING whose agent registered with its instance id -> READY; not registered within
   ``boot_timeout_s`` -> terminate, FAILED, and the zone cools down;
-- READY idle (no job holds a GPU on its node) longer than ``idle_timeout_s``, and no pending
-  job could run there -> its node is drained, DRAINING; DRAINING with no job left ->
-  terminate, TERMINATED, unless a pending job could run there again (drained for idleness
-  only) -> its node resumes, READY;
+- READY judged by :func:`scale_down`, the one scale-down rule (the simulator's cloud nodes,
+  broker/sim/cloudrun.py, are judged by it too): idle (no job holds a GPU on its node), under
+  half busy, or no longer serving a job it was launched for, for ``idle_timeout_s`` -> its
+  node is drained, DRAINING (it takes no new job; its jobs run on); DRAINING with no job
+  left -> terminate, TERMINATED;
 - READY or DRAINING whose node's lease expired -> terminate, TERMINATED (its jobs were
   requeued when the lease expired);
 - a live record whose machine the provider no longer lists -> TERMINATED, unless the record
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from broker.model import Instance, InstanceState, Node, NodeState
 from providers.base import CloudMachine
 
 I = InstanceState  # noqa: E741
 GONE = frozenset({I.TERMINATED, I.FAILED})  # a machine in these states costs nothing
-IDLE_DRAIN = "spillway: idle"  # who drained a node for idleness (Node.drained_by)
+IDLE_DRAIN = "spillway: idle"  # who drained a node to scale down (Node.drained_by)
 RESEND_AFTER_S = 60.0  # longer than a launch's retries take (1 + 2 + 4 + 8 + 16 s)
 
 
@@ -63,29 +65,83 @@ class Step:
     drain: str = ""
     block: bool = False
     resend: bool = False  # send the record's launch again
-    resume: str = ""  # the node to take jobs again (it was drained for idleness)
     count: str = ""
+
+
+class Verdict(Enum):
+    KEEP = "keep"
+    DRAIN = "drain"  # it takes no new job; its jobs run on, and it goes once they have left
+    RELEASE = "release"  # give the machine back
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    """What the scale-down rule knows of a rented machine's node."""
+
+    gpus: int  # GPUs a job can hold there
+    busy: int  # GPUs jobs hold there now
+    idle_since: float  # since when no job has held a GPU there (read when ``busy`` is 0)
+    low_since: float | None  # since when under half busy (None: at least half busy)
+    up_since: float  # when it became ready
+    for_jobs: bool  # it was launched for jobs (an operator's machine: not)
+    draining: bool = False
+    leaving: bool = False  # every job on it is stopping to move to spot (spot-move)
+
+
+def scale_down(now: float, use: NodeUse, idle_timeout_s: float,
+               serves: Callable[[], bool]) -> tuple[Verdict, str]:
+    """The one scale-down rule, of production (:func:`decide`) and of the simulator
+    (broker/sim/cloudrun.py). A node is drained once, for ``idle_timeout_s``, it has been
+    idle, or under half busy (Kubernetes' cluster autoscaler's default
+    scale-down-utilization-threshold of 0.5), or no longer serving a job it was launched for
+    (``serves()``: one is still pending, or running there): jobs that land on it meanwhile do
+    not keep a rented machine up for ever, and draining only stops new placements. A node
+    whose jobs all leave it for spot (policies/burst_spot_move.py) drains at once. A drained
+    node goes once its jobs have left. (No pending job keeps an idle node up: one that could
+    run there and was not placed within the idle timeout is held back by the scheduler, and
+    the machine would wait for it at a rented machine's price.)"""
+    if use.draining:
+        if use.busy:
+            return Verdict.KEEP, ""
+        return Verdict.RELEASE, "released: drained and idle"
+    t = idle_timeout_s - 1e-6
+    if use.leaving:
+        return Verdict.DRAIN, "its jobs move to spot"
+    if use.busy == 0 and now - use.idle_since >= t:
+        why = f"idle for {now - use.idle_since:.0f}s (idle_timeout_s {idle_timeout_s:g})"
+    elif use.low_since is not None and 2 * use.busy < use.gpus and now - use.low_since >= t:
+        why = f"under half busy for {now - use.low_since:.0f}s"
+    elif use.for_jobs and now - use.up_since >= t and not serves():
+        why = "its jobs are done"
+    else:
+        return Verdict.KEEP, ""
+    return Verdict.DRAIN, why
 
 
 @dataclass
 class Pass:
-    """The steps of one pass, and when each READY node was first seen idle (kept across
-    passes by the caller)."""
+    """The steps of one pass, and when each READY node was first seen idle, and under half
+    busy (kept across passes by the caller)."""
 
     steps: list[Step] = field(default_factory=list)
     idle_since: dict[str, float] = field(default_factory=dict)
+    low_since: dict[str, float] = field(default_factory=dict)
 
 
 def decide(now: float, records: Sequence[Instance],
            machines: Mapping[str, Mapping[str, CloudMachine]], nodes: Sequence[Node],
-           busy_nodes: frozenset[str], timeouts: Mapping[str, Timeouts],
+           busy_nodes: Mapping[str, int], timeouts: Mapping[str, Timeouts],
            idle_since: Mapping[str, float], all_request_ids: frozenset[str],
-           wanted: Callable[[Node], bool] = lambda node: False) -> Pass:
+           serves: Callable[[Instance], bool] = lambda rec: True,
+           low_since: Mapping[str, float] | None = None,
+           leaving: Callable[[str], bool] = lambda node_id: False) -> Pass:
     """The steps for live ``records`` given each provider's machines (providers whose listing
-    failed are absent), every registered node, the nodes where a job holds GPUs, and every
-    request id the store knows (ended ones included). ``wanted(node)``: whether a pending job
-    could run on an idle node (asked only of a node about to be released; it is kept)."""
+    failed are absent), every registered node, the GPUs jobs hold per node, and every request
+    id the store knows (ended ones included). ``serves(record)``: whether a job the machine
+    was launched for is still pending or running on it; ``leaving(node id)``: whether every
+    job on a busy node is stopping to move to spot (:func:`scale_down`)."""
     out = Pass()
+    clocks = (idle_since, low_since or {}, out.idle_since, out.low_since)
     by_instance = {n.instance_id: n for n in nodes if n.instance_id}
     live_ids = {r.request_id for r in records if not r.ended}
     for rec in records:
@@ -97,8 +153,8 @@ def decide(now: float, records: Sequence[Instance],
         machine = listed.get(rec.provider_id) if rec.provider_id else \
             by_request.get(rec.request_id)
         node = by_instance.get(rec.provider_id) if rec.provider_id else None
-        out.steps += _judge(now, rec, machine, node, busy_nodes, t, idle_since, out.idle_since,
-                            wanted)
+        out.steps += _judge(now, rec, machine, node, busy_nodes, t, clocks,
+                            (serves, leaving))
     for provider, listed in machines.items():
         for m in listed.values():
             if m.state in GONE:
@@ -120,9 +176,12 @@ def _since(rec: Instance, state: InstanceState) -> float:
     return rec.requested_at
 
 
+_Clocks = tuple[Mapping[str, float], Mapping[str, float], dict[str, float], dict[str, float]]
+_Asks = tuple[Callable[[Instance], bool], Callable[[str], bool]]
+
+
 def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node | None,
-           busy: frozenset[str], t: Timeouts, idle_before: Mapping[str, float],
-           idle_now: dict[str, float], wanted: Callable[[Node], bool]) -> list[Step]:
+           busy: Mapping[str, int], t: Timeouts, clocks: _Clocks, asks: _Asks) -> list[Step]:
     p, rid = rec.provider, rec.request_id
     if rec.state is I.REQUESTED:
         if machine is not None and machine.state not in GONE:
@@ -155,24 +214,31 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
     if node is None or node.state is NodeState.DOWN or node.lease_expires <= now:
         return [Step(p, rid, I.TERMINATED, f"node {node_id or '?'} lease expired",
                      terminate=rec.provider_id, count="orphans")]
-    if rec.state is I.DRAINING:
-        if node_id in busy:
-            return []
-        if node.drained_by == IDLE_DRAIN and wanted(node):  # demand came back in time
-            idle_now[node_id] = now
-            return [Step(p, rid, I.READY, "new demand: a pending job could run there",
-                         resume=node_id, count="resumed")]
-        return [Step(p, rid, I.TERMINATED, "released: drained and idle",
-                     terminate=rec.provider_id, count="released")]
-    if node_id in busy or node.state is not NodeState.READY:  # READY, in use (or drained
-        return []  # by an operator: theirs to resume)
-    since = idle_before.get(node_id, now)
-    idle_now[node_id] = since
-    if now - since > t.idle_timeout_s:
-        if wanted(node):  # a pending job could run there: the next cycle places it
-            idle_now[node_id] = now
-            return []
-        return [Step(p, rid, I.DRAINING, f"idle for {now - since:.0f}s "
-                     f"(idle_timeout_s {t.idle_timeout_s:g})", drain=node_id,
-                     count="idle")]
+    if rec.state is not I.DRAINING and node.state is not NodeState.READY:
+        return []  # drained by an operator: theirs to resume
+    return _scale(now, rec, node, node_id, busy.get(node_id, 0), t, clocks, asks)
+
+
+def _scale(now: float, rec: Instance, node: Node, node_id: str, held: int, t: Timeouts,
+           clocks: _Clocks, asks: _Asks) -> list[Step]:
+    """A READY or DRAINING machine judged by :func:`scale_down`; its clocks kept."""
+    p, rid = rec.provider, rec.request_id
+    idle_before, low_before, idle_now, low_now = clocks
+    serves, leaving = asks
+    gpus = len(node.allocatable)
+    draining = rec.state is I.DRAINING
+    if not draining and held == 0:
+        idle_now[node_id] = idle_before.get(node_id, now)
+    if not draining and 2 * held < gpus:
+        low_now[node_id] = low_before.get(node_id, now)
+    use = NodeUse(gpus, held, idle_now.get(node_id, now), low_now.get(node_id),
+                  rec.ready_at if rec.ready_at is not None else _since(rec, I.READY),
+                  bool(rec.for_jobs), draining,
+                  held > 0 and not draining and leaving(node_id))
+    verdict, why = scale_down(now, use, t.idle_timeout_s, lambda: serves(rec))
+    if verdict is Verdict.RELEASE:
+        return [Step(p, rid, I.TERMINATED, why, terminate=rec.provider_id, count="released")]
+    if verdict is Verdict.DRAIN:
+        return [Step(p, rid, I.DRAINING, why, drain=node_id, count="idle" if held == 0
+                     else "scaled down")]
     return []

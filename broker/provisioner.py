@@ -23,14 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from broker import commands
 from broker.cloud_settings import ProviderSettings
+from broker.errors import JobNotFound
 from broker.ledger import accrue_store
 from broker.lifecycle import IDLE_DRAIN, RESEND_AFTER_S, Step, Timeouts, decide
-from broker.model import Instance, InstanceState, Job, Node, NodeState, Offer
-from broker.model.fit import could_hold, site_allows
+from broker.model import Instance, InstanceState, Node, NodeState, Offer
 from broker.runtime import Runtime
 from broker.security import cloud_agent
 from broker.security.acl import AclError
-from broker.state import JobState
+from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store.budgets import budget_book
 from broker.store.instances import block_key_of, request_ids
 from providers.base import (
@@ -61,6 +61,7 @@ class Provisioner:
         self.rt, self.clock = rt, clock
         self._providers: dict[str, Provider] = dict(providers or {})
         self._idle_since: dict[str, float] = {}
+        self._low_since: dict[str, float] = {}  # READY nodes under half busy, since when
         self._resent: dict[str, float] = {}  # request id -> when its launch was sent again
         self._offers_at = -1e18
         self.counts: Counter[str] = Counter()
@@ -218,13 +219,14 @@ class Provisioner:
         records = store.instances()
         nodes = store.nodes()
         held = store.allocations([n.id for n in nodes])
-        busy = frozenset(n for n, gpus in held.items() if gpus)
+        busy = {n: len(gpus) for n, gpus in held.items() if gpus}
         timeouts = {n: Timeouts(c.boot_timeout_s, c.idle_timeout_s)
                     for n, c in self.settings.items()}
         result = decide(now, [r for r in records if not r.ended], machines, nodes, busy,
                         timeouts, self._idle_since, frozenset(r.request_id for r in records),
-                        self._demand())
-        self._idle_since = result.idle_since
+                        self._serves, self._low_since,
+                        lambda nid: self._leaving(held.get(nid, {})))
+        self._idle_since, self._low_since = result.idle_since, result.low_since
         done: Counter[str] = Counter()
         for step in result.steps:
             try:
@@ -253,24 +255,31 @@ class Provisioner:
                    if n.instance_id in ended and n.state is NodeState.DOWN
                    and now - n.lease_expires > FORGET_AFTER_S)
 
-    def _demand(self) -> Callable[[Node], bool]:
-        """Whether a pending job could run on a node (its sites admit the node's, its GPUs
-        fit there); the pending jobs are read once, on the first question of a pass."""
-        pending: list[Job] = []
-        read = False
+    def _serves(self, rec: Instance) -> bool:
+        """Is a job ``rec`` was launched for still pending, or running on its node?"""
+        for job_id in rec.for_jobs:
+            try:
+                job = self.rt.store.get(job_id)
+            except JobNotFound:
+                continue
+            if job.state is JobState.PENDING or (job.state in ACTIVE
+                                                 and rec.node_id in job.node_ids):
+                return True
+        return False
 
-        def wanted(node: Node) -> bool:
-            nonlocal pending, read
-            if not read:
-                # (a job a hard cap keeps from bursting is no demand: its machine's launchers
-                # would pay for the idle time; docs/budgets.md)
-                pending, read = [j for j in self.rt.store.list_jobs([JobState.PENDING])
-                                 if j.pending_reason is None
-                                 or j.pending_reason.code != "BudgetExhausted"], True
-            return any(site_allows(node.site, j.spec.sites) and could_hold([node], j.res)
-                       for j in pending)
-
-        return wanted
+    def _leaving(self, holders: Mapping[str, str]) -> bool:
+        """Is every job holding these GPUs ("job:attempt") stopping to move to spot?"""
+        jobs = {v.split(":")[0] for v in holders.values()}
+        for job_id in jobs:
+            try:
+                job = self.rt.store.get(job_id)
+            except JobNotFound:
+                return False
+            stop = job.history[-1] if job.history else None
+            if job.state is not JobState.STOPPING or stop is None \
+                    or stop.kind is not EvictionKind.SPOT_MOVE:
+                return False
+        return bool(jobs)
 
     def _carry_out(self, step: Step, now: float) -> bool:
         """Do one step; False if it was left for later (a launch sent again lately)."""
@@ -287,8 +296,6 @@ class Provisioner:
             return True
         if step.drain:
             store.set_node_state(step.drain, NodeState.DRAINING, by=IDLE_DRAIN)
-        if step.resume:
-            store.set_node_state(step.resume, NodeState.READY)
         if step.terminate:
             self.provider(step.provider).terminate([step.terminate])
             log.warning("terminated %s %s: %s", step.provider, step.terminate, step.reason)

@@ -35,6 +35,7 @@ class EvictionKind(str, Enum):
     SPOT = "spot"  # the cloud is reclaiming its spot instance (an interruption notice)
     BUDGET = "budget"  # its team's hard budget ran out
     CARBON = "carbon"  # a checkpointed deferrable job pauses through a dirty-power peak
+    SPOT_MOVE = "spot-move"  # it leaves on-demand for a spot machine launched for it
     MARKET = "market"  # a job with a deadline leaves on-demand for spot, or to wait for it
 
     def __str__(self) -> str:
@@ -42,8 +43,9 @@ class EvictionKind(str, Enum):
 
 
 #: Evictions after which a job goes back to the front of the queue: it lost its GPUs only for
-#: the sake of one other job, and restarts as soon as GPUs free up (policies/defrag.py, relief.py)
-RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF})
+#: the sake of one other job (or to move to a spot machine launched for it), and restarts as soon
+#: as GPUs free up (policies/defrag.py, relief.py, burst_spot_move.py)
+RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF, EvictionKind.SPOT_MOVE})
 
 
 S = JobState

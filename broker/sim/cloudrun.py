@@ -7,7 +7,8 @@ would (its site is the offer's, e.g. ``aws:us-east-1:us-east-1a:spot``), and the
 jobs on it as on any node. A spot instance whose zone loses its spot capacity gets the
 provider's notice: its node drains, its jobs are stopped with the notice as their grace
 (eviction kind ``spot``), checkpoint and go back to the queue; at the end of the notice it is
-gone. A node idle for ``idle_timeout_s`` is released. Cost runs from the launch to the end.
+gone. Nodes are scaled down by production's rule (broker/lifecycle.py :func:`scale_down`).
+Cost runs from the launch to the end.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from broker.lifecycle import NodeUse, Verdict, scale_down
 from broker.model import InstanceState, NodeState
 from broker.plan import Plan, Snapshot
 from broker.sim.cloud import Clouds, CloudSpec, SimInstance
@@ -51,6 +53,14 @@ class CloudRun:
         for launch in plan.launches:
             for inst in self.clouds.launch(launch, now):
                 self.sim._push(inst.ready_at, BOOT, inst.record.id)
+        moving = {p.job_id for p in plan.preemptions if p.kind is EvictionKind.SPOT_MOVE}
+        for job_id in sorted(moving):  # their on-demand machines drain at once
+            for nid in self.sim.store.get(job_id).node_ids:
+                held = self.by_node.get(nid)
+                if held is not None and nid in self.live and {
+                        v.split(":")[0] for v in self.sim.store.allocations([nid])
+                        .get(nid, {}).values()} <= moving:
+                    self._scale_down(held, now, leaving=True)
         for term in plan.terminations:
             for pid in term.instance_ids:
                 held = self.clouds.instances.get(pid)
@@ -75,30 +85,26 @@ class CloudRun:
             self._scale_down(inst, now)
         return False
 
-    def _scale_down(self, inst: SimInstance, now: float) -> None:
-        """Release an idle node. Drain one (it takes no new job and goes when its jobs have
-        left) that has been under half busy for the idle timeout, as Kubernetes' cluster
-        autoscaler does with its default scale-down-utilization-threshold of 0.5, or that no
-        longer serves a job it was launched for (they ended, or started elsewhere): jobs that
-        land on it meanwhile do not keep a rented machine up for ever."""
+    def _scale_down(self, inst: SimInstance, now: float, leaving: bool = False) -> None:
+        """Judge a node by production's scale-down rule (broker/lifecycle.py
+        :func:`scale_down`): drain one idle, under half busy, or no longer serving a job it was
+        launched for, for the idle timeout, or whose jobs all move to spot (``leaving``);
+        release a drained one once its jobs have left."""
         node = inst.node
         assert node is not None
-        draining = node.id not in self.live
-        timeout = self.spec.idle_timeout_s - 1e-6
-        waited = now - inst.idle_since >= timeout
-        low = inst.low_since is not None and now - inst.low_since >= timeout \
-            and inst.busy < 0.5 * len(node.allocatable)
-        done = inst.for_jobs and now - inst.ready_at >= timeout and not self._serves(inst)
-        if inst.busy == 0 and (draining or waited):
-            self._release(inst, now, "drained" if draining else
-                          f"idle for {self.spec.idle_timeout_s:g}s")
-        elif not draining and (low or done):
+        gpus = len(node.allocatable)
+        use = NodeUse(gpus, inst.busy, inst.idle_since,
+                      inst.low_since if 2 * inst.busy < gpus else None, inst.ready_at,
+                      bool(inst.for_jobs), node.id not in self.live, leaving=leaving)
+        verdict, why = scale_down(now, use, self.spec.idle_timeout_s, lambda: self._serves(inst))
+        if verdict is Verdict.RELEASE:
+            self._release(inst, now, why)
+        elif verdict is Verdict.DRAIN:
             self.sim.store.set_node_state(node.id, NodeState.DRAINING, by="scale-down")
             self._unlive(node.id)
-            inst.record = inst.record.moved(InstanceState.DRAINING, now, "under half busy"
-                                            if low else "its jobs are done")
+            inst.record = inst.record.moved(InstanceState.DRAINING, now, why)
             if inst.busy == 0:
-                self._release(inst, now, "drained")
+                self._release(inst, now, "released: drained and idle")
 
     def _serves(self, inst: SimInstance) -> bool:
         """Is a job it was launched for still waiting, or running on it?"""
@@ -192,6 +198,8 @@ class CloudRun:
                 self.clouds.job_moved(inst, 0, horizon)
         out = self.clouds.metrics(horizon)
         out["jobs_lost"] = self.jobs_lost
+        out["spot_moves"] = sum(1 for j in self.sim.store.list_jobs() for h in j.history
+                                if h.kind is EvictionKind.SPOT_MOVE)
         out["sla_attainment_may_burst"] = self._attainment(horizon)
         out["deadline_misses"] = sum(
             1 for j in self.sim.store.list_jobs() if j.spec.deadline is not None

@@ -20,8 +20,6 @@ from typing import Any
 
 from broker.errors import ConfigError
 from broker.model import Job
-from broker.model.fit import could_hold, site_allows
-from broker.sim.cloud import SimInstance
 from broker.sim.cloudrun import BOOT, IDLE, CloudRun
 from broker.sim.cluster import Cluster
 from broker.sim.engine import END, WAKE, Simulation
@@ -105,30 +103,9 @@ class Latencies:
 
 
 class LifecycleCloudRun(CloudRun):
-    """The simulator's clouds with production's scale-down rule (broker/lifecycle.py): a cloud
-    node is released only once it has been idle (no job holds a GPU there) for the idle
-    timeout and no pending job could run there (its sites admit the node's, its GPUs fit);
-    else its idle clock restarts. The simulator's own rule (broker/sim/cloudrun.py) also
-    drains a node under half busy for the timeout, or no longer serving a job it was rented
-    for; production does neither."""
-
-    def _scale_down(self, inst: SimInstance, now: float) -> None:
-        node = inst.node
-        if node is None or node.id not in self.live:  # draining (a spot notice): as before
-            super()._scale_down(inst, now)
-            return
-        if inst.busy > 0 or now - inst.idle_since < self.spec.idle_timeout_s - 1e-6:
-            return
-        if self._wanted(node.id):
-            inst.idle_since = now
-            self.sim._push(now + self.spec.idle_timeout_s, IDLE, inst.record.id)
-            return
-        self._release(inst, now, f"idle for {self.spec.idle_timeout_s:g}s")
-
-    def _wanted(self, node_id: str) -> bool:
-        node = self.sim.node_by_id[node_id]
-        return any(site_allows(node.site, j.spec.sites) and could_hold([node], j.res)
-                   for j in self.sim.store.list_jobs([JobState.PENDING]))
+    """The simulator's clouds; kept for ``lifecycle=True``. Production and the simulator
+    share one scale-down rule (broker/lifecycle.py :func:`scale_down`), so it is
+    :class:`CloudRun` itself."""
 
 
 class LatencySimulation(Simulation):

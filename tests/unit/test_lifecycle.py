@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from broker.lifecycle import Step, Timeouts, decide
+from broker.lifecycle import NodeUse, Step, Timeouts, Verdict, decide, scale_down
 from broker.model import Gpu, Instance, InstanceState, Node, NodeState
 from providers.base import CloudMachine
 
@@ -41,7 +41,7 @@ def run(records: list[Instance], machines: list[CloudMachine], nodes: Sequence[N
         known: tuple[str, ...] = ()) -> list[Step]:
     listed = {"local": {m.provider_id: m for m in machines}}
     ids = frozenset([r.request_id for r in records] + list(known))
-    return decide(NOW, records, listed, list(nodes), frozenset(busy), {"local": T},
+    return decide(NOW, records, listed, list(nodes), dict.fromkeys(busy, 1), {"local": T},
                   idle or {}, ids).steps
 
 
@@ -103,13 +103,13 @@ def test_idle_is_timed_across_passes_and_reset_by_work() -> None:
     r = [rec("r1", S.READY, pid="m1", node="m1")]
     m, n = [machine("m1", "r1")], [node("m1", "m1", lease=NOW + 100)]
     listed = {"local": {x.provider_id: x for x in m}}
-    first = decide(NOW, r, listed, n, frozenset(), {"local": T}, {}, frozenset({"r1"}))
+    first = decide(NOW, r, listed, n, {}, {"local": T}, {}, frozenset({"r1"}))
     assert first.steps == [] and first.idle_since == {"m1": NOW}
-    later = decide(NOW + 31, r, listed, n, frozenset(), {"local": T}, first.idle_since,
+    later = decide(NOW + 31, r, listed, n, {}, {"local": T}, first.idle_since,
                    frozenset({"r1"}))
     [drain] = later.steps
     assert (drain.move, drain.drain, drain.count) == (S.DRAINING, "m1", "idle")
-    busy = decide(NOW + 31, r, listed, n, frozenset({"m1"}), {"local": T}, first.idle_since,
+    busy = decide(NOW + 31, r, listed, n, {"m1": 1}, {"local": T}, first.idle_since,
                   frozenset({"r1"}))
     assert busy.steps == [] and busy.idle_since == {}  # a job ran: the clock starts again
 
@@ -121,7 +121,7 @@ def test_a_draining_node_with_jobs_is_left_to_finish() -> None:
 
 def test_a_provider_whose_listing_failed_is_not_judged() -> None:
     records = [rec("r1", S.READY, pid="m1", node="m1")]
-    out = decide(NOW, records, {}, [], frozenset(), {"local": T}, {}, frozenset({"r1"}))
+    out = decide(NOW, records, {}, [], {}, {"local": T}, {}, frozenset({"r1"}))
     assert out.steps == []
 
 
@@ -133,7 +133,7 @@ def test_a_machine_whose_record_ended_is_an_orphan() -> None:
 def test_a_launch_lost_with_its_message_is_sent_again() -> None:
     slow = Timeouts(boot_timeout_s=600.0, idle_timeout_s=30.0)
     young, old = rec("r1", S.REQUESTED, at=NOW - 30), rec("r2", S.REQUESTED, at=NOW - 90)
-    out = decide(NOW, [young, old], {"local": {}}, [], frozenset(), {"local": slow}, {},
+    out = decide(NOW, [young, old], {"local": {}}, [], {}, {"local": slow}, {},
                  frozenset({"r1", "r2"}))
     assert [(s.request_id, s.resend, s.move) for s in out.steps] == [("r2", True, None)]
 
@@ -156,31 +156,69 @@ def test_a_cloud_node_admits_jobs_by_its_site_kind(site: str, sites: tuple[str, 
     assert (Site.parse(site).kind in sites or site in sites) is allowed
 
 
-def test_an_idle_node_a_pending_job_could_use_is_kept() -> None:
+def test_an_idle_node_is_drained_even_with_jobs_pending() -> None:
     r = [rec("r1", S.READY, pid="m1", node="m1")]
     listed = {"local": {"m1": machine("m1", "r1")}}
     n = [node("m1", "m1", lease=NOW + 100)]
-    asked: list[str] = []
-
-    def wanted(x: Node) -> bool:
-        asked.append(x.id)
-        return True
-
-    out = decide(NOW + 31, r, listed, n, frozenset(), {"local": T}, {"m1": NOW},
-                 frozenset({"r1"}), wanted)
-    assert out.steps == [] and out.idle_since == {"m1": NOW + 31} and asked == ["m1"]
+    [step] = decide(NOW + 31, r, listed, n, {}, {"local": T}, {"m1": NOW},
+                    frozenset({"r1"})).steps
+    assert (step.move, step.drain, step.count) == (S.DRAINING, "m1", "idle")
 
 
-def test_a_node_drained_for_idleness_resumes_when_demand_comes_back() -> None:
-    from dataclasses import replace
-
-    from broker.lifecycle import IDLE_DRAIN
-
+def test_a_drained_node_with_no_job_left_goes() -> None:
     r = [rec("r1", S.DRAINING, pid="m1", node="m1")]
     listed = {"local": {"m1": machine("m1", "r1")}}
-    idle = replace(node("m1", "m1", state=NodeState.DRAINING), drained_by=IDLE_DRAIN)
-    by_op = replace(idle, drained_by="alice")
-    for n, expect in ((idle, [(S.READY, "m1", "")]), (by_op, [(S.TERMINATED, "", "m1")])):
-        out = decide(NOW, r, listed, [n], frozenset(), {"local": T}, {}, frozenset({"r1"}),
-                     lambda x: True)
-        assert [(s.move, s.resume, s.terminate) for s in out.steps] == expect
+    n = [node("m1", "m1", state=NodeState.DRAINING)]
+    [step] = decide(NOW, r, listed, n, {}, {"local": T}, {}, frozenset({"r1"})).steps
+    assert (step.move, step.terminate, step.count) == (S.TERMINATED, "m1", "released")
+
+
+V = Verdict
+
+
+def use(busy: int = 0, idle: float = 0.0, low: float | None = 0.0, up: float = 0.0,
+        for_jobs: bool = True, draining: bool = False, leaving: bool = False) -> NodeUse:
+    return NodeUse(8, busy, idle, low, up, for_jobs, draining, leaving)
+
+
+@pytest.mark.parametrize("case, now, u, serves, expect", [
+    ("idle for the timeout: drain", 30.0, use(), True, V.DRAIN),
+    ("idle, young: keep", 29.0, use(), True, V.KEEP),
+    ("under half busy for the timeout: drain (its jobs run on)", 30.0, use(busy=3), True,
+     V.DRAIN),
+    ("under half busy, young: keep", 29.0, use(busy=3), True, V.KEEP),
+    ("half busy: keep", 30.0, use(busy=4, low=None), True, V.KEEP),
+    ("its jobs are done, up for the timeout: drain", 30.0, use(busy=8, low=None), False,
+     V.DRAIN),
+    ("its jobs are done, up only 29 s: keep", 29.0, use(busy=8, low=None), False, V.KEEP),
+    ("an operator's machine (launched for no job), busy: keep", 30.0,
+     use(busy=8, low=None, for_jobs=False), False, V.KEEP),
+    ("its jobs all move to spot: drain at once", 1.0, use(busy=8, low=None, leaving=True),
+     True, V.DRAIN),
+    ("draining with jobs: keep", 30.0, use(busy=2, draining=True), True, V.KEEP),
+    ("draining, no job: release", 30.0, use(draining=True), True, V.RELEASE),
+])
+def test_the_scale_down_rule(case: str, now: float, u: NodeUse, serves: bool,
+                             expect: Verdict) -> None:
+    assert scale_down(now, u, 30.0, lambda: serves)[0] is expect, case
+
+
+def test_production_drains_a_node_under_half_busy_and_one_whose_jobs_are_done() -> None:
+    r = [Instance.from_dict({**rec("r1", S.READY, pid="m1", node="m1").to_dict(),
+                             "for_jobs": ["j1"], "ready_at": 900.0})]
+    n = [Node("m1", tuple(Gpu(f"g{i}", i, "A100-80GB", 80.0) for i in range(4)),
+              site="local:home:home-a:ondemand", lease_expires=NOW + 100, instance_id="m1")]
+    listed = {"local": {"m1": machine("m1", "r1")}}
+    ids = frozenset({"r1"})
+    first = decide(NOW, r, listed, n, {"m1": 1}, {"local": T}, {}, ids)
+    assert first.steps == [] and first.low_since == {"m1": NOW}
+    [low] = decide(NOW + 31, r, listed, n, {"m1": 1}, {"local": T}, {}, ids,
+                   low_since=first.low_since).steps
+    assert (low.move, low.drain, low.count) == (S.DRAINING, "m1", "scaled down")
+    [done] = decide(NOW, r, listed, n, {"m1": 4}, {"local": T}, {}, ids,
+                    serves=lambda rec: False).steps
+    assert (done.drain, done.reason) == ("m1", "its jobs are done")
+    assert decide(NOW, r, listed, n, {"m1": 4}, {"local": T}, {}, ids).steps == []
+    [moving] = decide(NOW, r, listed, n, {"m1": 4}, {"local": T}, {}, ids,
+                      leaving=lambda nid: nid == "m1").steps
+    assert (moving.drain, moving.reason) == ("m1", "its jobs move to spot")

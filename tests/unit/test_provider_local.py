@@ -404,21 +404,6 @@ def test_a_machine_launched_while_the_lifecycle_lists_is_kept(tmp_path: Path) ->
         faulty.inner.terminate(list(faulty.inner.instances()))
 
 
-def test_demand_is_a_pending_job_that_fits_the_node_and_allows_its_site(
-        prov: tuple[Provisioner, Faulty]) -> None:
-    from broker.model import Gpu, JobSpec, Node
-
-    p, _ = prov
-    cloud = Node("m1", tuple(Gpu(f"g{i}", i, "A100-80GB", 80.0) for i in range(2)),
-                 site="local:home:home-a:ondemand", instance_id="m1")
-    store = p.rt.store
-    store.submit(JobSpec(command="true", gpus=4), now=1.0)  # too big for it
-    store.submit(JobSpec(command="true", gpus=1, sites=("onprem",)), now=2.0)  # not there
-    assert p._demand()(cloud) is False
-    store.submit(JobSpec(command="true", gpus=2, sites=("cloud",)), now=3.0)
-    assert p._demand()(cloud) is True
-
-
 def test_the_node_of_a_machine_given_back_is_forgotten_after_a_while(
         prov: tuple[Provisioner, Faulty]) -> None:
     from broker.model import Gpu, Node
