@@ -9,6 +9,7 @@ from policies import (  # noqa: F401
     budget,
     burst,
     burst_baselines,
+    carbon_place,
     carbon_wait,
     defer,
     defrag,

@@ -119,11 +119,28 @@ def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
         start_by = min(start_by, job.submitted_at + float(w["sla_share"]) * cls.sla_s)
         if not pause:
             latest_end = min(latest_end, start_by + work)
+    if pause:
+        left, latest_end = within_forecast(cycle.now, left, latest_end, horizon)
     d = plan(forecast, cycle.now, left, latest_end, start_by, interruptible=pause,
              step=max(60.0, float(c["step_s"])),
              smooth=smoothing_for(float(c["forecast_error"])))
     memo[key] = (horizon, d)
     return d
+
+
+def within_forecast(now: float, left_s: float, latest_end: float, known_end: float
+                    ) -> tuple[float, float]:
+    """(work, end) of a pausing plan cut to the forecast: a window that reaches past the
+    forecast's last step (``known_end``) is planned over the known hours only, for the same
+    share of them as of the whole window (``left_s`` of ``latest_end - now``). Past the
+    forecast every hour would look alike (the last step's value), so planning the whole
+    window would pause in the known hours by how they compare with that one value; a job
+    that runs its share of every forecast keeps the pace that ends it by ``latest_end``,
+    and each refresh plans the next share (a share of 1 or more: no choice, it runs)."""
+    if latest_end <= known_end or known_end <= now:
+        return left_s, latest_end
+    share = min(1.0, left_s / (latest_end - now))
+    return share * (known_end - now), known_end
 
 
 def decide(cycle: Cycle, job: Job, zone: str) -> Deferral | None:

@@ -1,0 +1,128 @@
+"""Deferrable work on the GPUs that spend the least energy on it (policies/carbon_place.py) and
+pausing plans cut to the forecast's horizon (policies/carbon_wait.py ``within_forecast``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from broker.config import DEFAULT_CLASSES
+from broker.model import PriorityClass, Site
+from broker.scheduler import run_cycle
+from broker.state import EvictionKind
+from policies.carbon_place import energy_per_work, greenest_first
+from policies.carbon_wait import within_forecast
+from policies.registry import PolicySet
+from tests.builders import job, node, snapshot
+
+H = 3600.0
+FLEX = (*DEFAULT_CLASSES, PriorityClass("flex", 150, 24 * H, flexible=True))
+PLACE = PolicySet(order="fifo", place="aligned-carbon", name="t")
+WAIT = PolicySet(order="fifo", admit="carbon-wait", defer="carbon-start", name="t")
+# 300 g/kWh but from 06:00 to 14:00 (100), hourly over two days
+DAY = tuple((h * H, 100.0 if 6 <= h % 24 < 14 else 300.0) for h in range(48))
+
+
+# (now, work left, latest end, forecast's last step) -> (work, end) planned
+HORIZON_ROWS: dict[str, tuple[tuple[float, float, float, float], tuple[float, float]]] = {
+    "the window ends inside the forecast: as it is": (
+        (0, 10 * H, 40 * H, 48 * H),
+        (10 * H, 40 * H),
+    ),
+    "a quarter of a long window: a quarter of the known hours": (
+        (0, 100 * H, 400 * H, 48 * H),
+        (12 * H, 48 * H),
+    ),
+    "from a later now, half the time left": ((10 * H, 50 * H, 110 * H, 58 * H), (24 * H, 58 * H)),
+    "no slack: all of the known hours": ((0, 500 * H, 400 * H, 48 * H), (48 * H, 48 * H)),
+    "no forecast ahead: as it is": ((50 * H, 10 * H, 400 * H, 48 * H), (10 * H, 400 * H)),
+}
+
+
+@pytest.mark.parametrize("name", HORIZON_ROWS)
+def test_a_pausing_plan_is_cut_to_the_forecast(name: str) -> None:
+    args, want = HORIZON_ROWS[name]
+    assert within_forecast(*args) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("model", "ref", "watts"),
+    [
+        ("V100-32GB", None, 300 * 1.46),  # board power x (1 + node overhead), same runtime
+        ("H100-80GB", None, 700 * 1.82),
+        ("A100-80GB", None, 400 * 2.03),
+        ("H100-80GB", "V100", 700 * 1.82 / 4.2),  # measured on a V100: an H100 is 4.2 x faster
+        ("V100-32GB", "V100", 300 * 1.46),
+    ],
+)
+def test_energy_per_unit_of_work(model: str, ref: str | None, watts: float) -> None:
+    assert energy_per_work(model, ref) == pytest.approx(watts / 1000)
+
+
+def test_greenest_first() -> None:
+    kinds = [("H100-80GB", None), ("A100-80GB", None), ("V100-32GB", None)]
+    assert [k[0] for k in greenest_first(kinds, None)] == ["V100-32GB", "A100-80GB", "H100-80GB"]
+    assert [k[0] for k in greenest_first(kinds, "V100")] == ["H100-80GB", "A100-80GB", "V100-32GB"]
+
+
+# (job's priority, its gpu_types, the nodes with room) -> the node it starts on
+PLACE_ROWS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str]] = {
+    "flexible, speed-neutral: the lowest-power model": ("flex", (), ("v", "h"), "v"),
+    "flexible, only an H100 free: the H100": ("flex", (), ("h",), "h"),
+    "not deferrable: the fastest model (aligned)": ("normal", (), ("v", "h"), "h"),
+    "flexible, measured on a V100: the least power over speed": (
+        "flex",
+        ("V100", "H100"),
+        ("v", "h"),
+        "h",
+    ),
+    "flexible, A100 against V100, speed-neutral": ("flex", (), ("v", "a"), "v"),
+}
+MODELS = {"v": "V100-32GB", "h": "H100-80GB", "a": "A100-80GB"}
+
+
+@pytest.mark.parametrize("name", PLACE_ROWS)
+def test_deferrable_work_goes_where_it_spends_least(name: str) -> None:
+    priority, types, free, want = PLACE_ROWS[name]
+    j = job("j", 1, priority=priority, gpu_types=types, time_limit=2 * H)
+    nodes = [node(n, 1, MODELS[n]) for n in free]
+    snap = replace(snapshot(nodes, [j]), classes=FLEX)
+    plan = run_cycle(snap, PLACE, snap.now)
+    assert [(s.job_id, s.allocations[0].node_id) for s in plan.starts] == [("j", want)]
+
+
+@pytest.mark.parametrize(
+    ("deadline", "paused"),
+    [
+        (1000 * H, True),  # a tenth of what is left: it runs the clean hours only
+        (105 * H, False),  # nearly all of the time left: it runs on through the dirty hours
+    ],
+)
+def test_a_long_job_pauses_for_its_share_of_the_forecast(deadline: float, paused: bool) -> None:
+    from tests.unit.test_preemption import running
+
+    r = running(
+        "r",
+        1,
+        on="n",
+        started=-H,
+        priority="low",
+        time_limit=100 * H,
+        deadline=deadline,
+        checkpoint_dir="/ckpt",
+        sites=("onprem",),
+    )
+    snap = replace(
+        snapshot([node("n", 1)], [], [r], now=0.0),
+        classes=FLEX,
+        sites=(Site(carbon_zone="US-CAL-CISO"),),
+        carbon_forecast={"US-CAL-CISO": DAY},
+        settings={"carbon": {"step_s": H}, "carbon-wait": {"pause": 1}},
+    )
+    plan = run_cycle(snap, WAIT, 0.0)
+    got: list[Any] = [(p.job_id, p.kind) for p in plan.preemptions]
+    assert got == ([("r", EvictionKind.CARBON)] if paused else [])
+    if paused:
+        assert plan.wake_at == 6 * H
