@@ -167,10 +167,11 @@ def run(folder: str | Path, s: Setup, replay_too: bool = True,
     rule = DeadlineRule(changeover_h=s.changeover_h, spot_price=s.spot_price,
                         ondemand_price=s.ondemand_price)
     base = (s.work_h + s.changeover_h) * s.ondemand_price
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     per: dict[str, dict[str, Any]] = {}
     means: list[float] = []
     misses = lost = 0
+    missed: list[list[Any]] = []  # [trace, start step, end (hours after the submission)]
     for name, avail, gap in load(folder):
         span = len(avail) - int(s.deadline_h * 3600 / gap) - 1
         if span < 1:
@@ -182,7 +183,9 @@ def run(folder: str | Path, s: Setup, replay_too: bool = True,
             seen = st
             r = one(name, avail, gap, st, s, watch)
             costs.append(r["cost"] / base)
-            misses += not r["met"]
+            if not r["met"]:
+                misses += 1
+                missed.append([name, st, round(r["end_h"], 4)])
             lost += r["jobs_lost"]
         per[name] = {"spillway": round(statistics.fmean(costs), 4)}
         means.append(statistics.fmean(costs))
@@ -190,8 +193,9 @@ def run(folder: str | Path, s: Setup, replay_too: bool = True,
             progress(f"{name}: {per[name]['spillway']} ({time.perf_counter() - t0:.0f} s)")
     out: dict[str, Any] = {
         "cost_vs_ondemand": round(statistics.fmean(means), 4), "deadline_misses": misses,
-        "jobs_lost": lost, "per_trace": per, "runs": len(means) * s.starts,
-        "wall_s": round(time.perf_counter() - t0, 1), "through": "simulator",
+        "missed": missed, "jobs_lost": lost, "per_trace": per, "runs": len(means) * s.starts,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cpu_s": round(time.process_time() - c0, 1), "through": "simulator",
         "setup": {**s.__dict__, "traces": len(per)}}
     if replay_too:
         rep = replay_run(folder, s, rule)

@@ -65,9 +65,7 @@ def _rule_for(cycle: Cycle, job: Job, costs: CostModel, mode: Mode) -> tuple[Mod
             market = rule.market(3600.0 / 18.0)  # (a scheduler's step of about 200 s)
             market.observe(up)
         run = runtime_on(cycle, job, o.gpu_model, unknown)
-        done = sum((now if a.ended_at is None else a.ended_at) - a.started_at
-                   for a in job.attempts if a.started_at <= now)  # it resumes: checkpoints
-        left_h = max(0.0, run - done) / 3600.0
+        left_h = max(0.0, run - _done_s(job, now)) / 3600.0
         time_left_h = (job.spec.deadline - now) / 3600.0
         d = rule.decide(mode, time_left_h - left_h, market.step_h, up, left_h, time_left_h,
                         market)
@@ -78,6 +76,14 @@ def _rule_for(cycle: Cycle, job: Job, costs: CostModel, mode: Mode) -> tuple[Mod
     best = Mode.SPOT if Mode.SPOT in modes else Mode.ONDEMAND if Mode.ONDEMAND in modes \
         else Mode.IDLE
     return best, wake
+
+
+def _done_s(job: Job, now: float) -> float:
+    """The work its attempts kept: each until it was told to stop (it checkpoints then; the
+    grace until it exits is lost), or until now."""
+    stops = {h.attempt: h.time for h in job.history if h.state is JobState.STOPPING}
+    return sum(min(now if a.ended_at is None else a.ended_at, stops.get(a.number, math.inf))
+               - a.started_at for a in job.attempts if a.started_at <= now)
 
 
 def _next_change(rule: DeadlineRule, mode: Mode, market: SpotMarket, up: bool, left_h: float,
