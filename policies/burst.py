@@ -50,6 +50,7 @@ from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import EvictionKind, JobState
 from policies import deadline_burst
 from policies.burst_evictions import drop_evictions_for, victims_cost
+from policies.burst_spot_move import MOVE_DEFAULTS, moving_bins, spot_moves
 from policies.cycle import Cycle
 from policies.forecast import made_room_for, onprem_start, onprem_starts
 from policies.offers import (
@@ -79,6 +80,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "lost_sla_spot_only": 0.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     "spot_failover": 0.0,  # 1: a job a spot interruption sent back takes spot again at once
+    **MOVE_DEFAULTS,  # jobs on on-demand move to spot when it pays (burst_spot_move.py)
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 
@@ -111,6 +113,7 @@ def sla_burst(cycle: Cycle) -> None:
     deadline_burst.revisit(cycle, costs)  # jobs with a deadline on on-demand: stay or leave
     booting = booting_bins(cycle, costs.boot_s)
     room = region_room(cycle)
+    booting = moving_bins(cycle, booting)  # (kept for the jobs moving to spot)
     new: list[Bin] = []
     jobs = {j.id: j for j in cycle.blocked}
     leaving: set[str] = set()
@@ -130,6 +133,7 @@ def sla_burst(cycle: Cycle) -> None:
             continue
         if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
             leaving.add(job.id)
+    spot_moves(cycle, cfg, costs, room)
     drop_evictions_for(cycle, leaving)
     emit(cycle, new, jobs)
 
