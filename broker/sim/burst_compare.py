@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 KEYS = ("cloud_cost_usd", "cloud_gpu_hours", "idle_instance_hours", "bursts",
-        "spot_interruptions", "jobs_lost", "deadline_misses", "sla_attainment",
+        "spot_interruptions", "spot_moves", "jobs_lost", "deadline_misses", "sla_attainment",
         "sla_attainment_may_burst", "busy_utilization", "invariant_violations", "wall_s")
 TARGETS = {"burst-immediate": 0.70, "burst-timer": 0.85}
 SLACK = 0.03
@@ -36,8 +36,10 @@ def _runs(path: str) -> list[dict[str, Any]]:
 
 def _key(run: Mapping[str, Any]) -> tuple[str, int]:
     meta = run.get("meta", {})
-    window = "busiest-14d" if meta.get("busiest_window_offered_gpus") is not None \
-        else "two-months"
+    window = "two-months"
+    if meta.get("busiest_window_offered_gpus") is not None:
+        days = (meta.get("window_end", 0.0) - meta.get("window_start", 0.0)) / 86400
+        window = f"busiest-{round(days)}d" if days > 0 else "busiest-14d"
     return window, int(meta.get("seed", 0))
 
 
@@ -98,6 +100,7 @@ def _table(result: Mapping[str, Any]) -> str:
                 lines.append(f"   {seed} {pol:16s} cost ${r['cloud_cost_usd']:>10,.0f}  "
                              f"SLA(may burst) {r['sla_attainment_may_burst']}  "
                              f"bursts {r['bursts']}  spot int. {r['spot_interruptions']}  "
+                             f"moves {r.get('spot_moves')}  "
                              f"lost {r['jobs_lost']}  busy util {r['busy_utilization']}")
             lines.append(f"   {seed} ratios {entry['ratios']} checks {entry['checks']}")
     return "\n".join(lines)
