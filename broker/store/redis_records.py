@@ -1,0 +1,390 @@
+"""The Redis store's records beside the jobs: the keys and scripts of the layout in
+:mod:`broker.store.redis`, and nodes and their allocations, pending reasons, fair-share usage
+and runtime samples, the reservation and the queue order, cloud instances, offers and
+blocks, leadership, and logs. :class:`broker.store.redis.RedisStore` adds the jobs (their
+documents, indexes, snapshot reads and compare-and-set writes) on top.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from broker.config import Config
+from broker.errors import StaleAttempt
+from broker.model import Instance, Node, NodeState, Reason
+from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.instances import Block
+from broker.store.lua import (
+    ACQUIRE,
+    ADD_USAGE,
+    APPEND_LOGS,
+    COMMIT,
+    FORGET_NODE,
+    INSTANCE_CAS,
+    MARK_DOWN,
+    PUT_NODE,
+    RELEASE,
+    RENEW,
+)
+
+LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
+LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
+RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class RedisRecords(BaseStore):
+    """Everything of the Redis store but the jobs (abstract: see :class:`RedisStore`)."""
+
+    def __init__(self, client: redis.Redis, config: Config | None, prefix: str) -> None:
+        super().__init__(config)
+        self._parsed_nodes: dict[str, tuple[bytes | str, Node]] = {}
+        self._gather = threading.local()  # .pipe: apply()'s last writes, sent together
+        self.redis = client
+        self.prefix = prefix
+        self._commit_script = self.redis.register_script(COMMIT)
+        self._put_node_script = self.redis.register_script(PUT_NODE)
+        self._mark_down_script = self.redis.register_script(MARK_DOWN)
+        self._append_script = self.redis.register_script(APPEND_LOGS)
+        p = prefix
+        self._k_all, self._k_pending, self._k_active = (
+            f"{p}jobs:all", f"{p}jobs:pending", f"{p}jobs:active")
+        self._k_nodes, self._k_node_seq, self._k_reasons = (
+            f"{p}nodes", f"{p}nodes:seq", f"{p}reasons")
+        self._k_ver_pending, self._k_ver_active = f"{p}ver:pending", f"{p}ver:active"
+        self._k_usage, self._k_runtimes, self._k_reservation = (
+            f"{p}usage", f"{p}runtimes", f"{p}reservation")
+        self._usage_script = self.redis.register_script(ADD_USAGE)
+        self._k_order = f"{p}order"
+        self._k_archive = f"{p}archive"
+        self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
+        self._acquire_script = self.redis.register_script(ACQUIRE)
+        self._renew_script = self.redis.register_script(RENEW)
+        self._release_script = self.redis.register_script(RELEASE)
+        self._instance_script = self.redis.register_script(INSTANCE_CAS)
+        self._forget_script = self.redis.register_script(FORGET_NODE)
+        self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
+        self._k_blocks = f"{p}blocks"
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _k_job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def _k_node(self, node_id: str) -> str:
+        return f"{self.prefix}node:{node_id}"
+
+    def _k_alloc(self, node_id: str) -> str:
+        return f"{self.prefix}alloc:{node_id}"
+
+    def _k_logs(self, job_id: str, attempt: int) -> str:
+        return f"{self.prefix}logs:{job_id}:{attempt}"
+
+    def _run_scripts(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+        """Run Lua scripts (script, keys, args) in one pipelined round trip, by their SHA.
+        (A redis-py pipeline asks the server first whether its scripts exist, a round trip
+        more every time; here a script the server lost, after a restart or SCRIPT FLUSH, is
+        loaded when it answers NOSCRIPT and only the refused calls run again.)"""
+        pipe = self.redis.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        out = pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(out) if isinstance(r, NoScriptError)]
+        if missing:
+            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+                script.sha = self.redis.script_load(script.script)
+            pipe = self.redis.pipeline(transaction=False)
+            for i in missing:
+                script, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for i, r in zip(missing, pipe.execute(raise_on_error=False)):
+                out[i] = r
+        for r in out:
+            if isinstance(r, Exception):
+                raise r
+        return out
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _put_node(self, node: Node, lease_expires: float) -> None:
+        # The document holds what rarely changes; state, incarnation and lease are fields of
+        # their own, so a heartbeat leaves the document (and its parsed copy) as it was.
+        doc = json.dumps(replace(node, state=NodeState.READY, incarnation="",
+                                 lease_expires=0.0).to_dict(), separators=(",", ":"))
+        self._put_node_script(
+            [self._k_node(node.id), self._k_nodes, self._k_node_seq],
+            [node.id, doc, node.state.value, node.incarnation, repr(float(lease_expires))],
+        )
+
+    def _node_ids(self) -> list[str]:
+        """Node ids in the order they first registered (as MemoryStore keeps them)."""
+        return [_str(m) for m in self.redis.zrange(self._k_nodes, 0, -1)]
+
+    def _load_nodes(self) -> list[Node]:
+        ids = self._node_ids()
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+        return self._nodes_from(ids, pipe.execute())
+
+    def _nodes_from(self, ids: Sequence[str], rows: Sequence[Any]) -> list[Node]:
+        out = []
+        for node_id, (doc, state, incarnation, lease) in zip(ids, rows):
+            if doc is None:
+                continue
+            hit = self._parsed_nodes.get(node_id)
+            if hit is not None and hit[0] == doc:
+                node = hit[1]
+            else:
+                node = Node.from_dict(json.loads(doc))
+                self._parsed_nodes[node_id] = (doc, node)
+            out.append(replace(node, state=NodeState(_str(state)),
+                               incarnation=_str(incarnation), lease_expires=float(lease)))
+        return out
+
+    def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
+        keys = [self._k_node(node_id), self._k_alloc(node_id)]
+        return bool(self._mark_down_script(keys, [expected_incarnation, repr(float(now))]))
+
+    def _forget_node(self, node_id: str, incarnation: str) -> bool:
+        keys = [self._k_node(node_id), self._k_nodes, self._k_alloc(node_id)]
+        gone = bool(self._forget_script(keys, [node_id, incarnation]))
+        if gone:
+            self._parsed_nodes.pop(node_id, None)
+        return gone
+
+    def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        ids = self._node_ids() if node_ids is None else list(node_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.hgetall(self._k_alloc(node_id))
+        return {
+            node_id: {_str(g): _str(o) for g, o in held.items()}
+            for node_id, held in zip(ids, pipe.execute())
+        }
+
+    # -- reasons -------------------------------------------------------------------------------
+
+    def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None:
+        if not set_ and not delete:
+            return
+        gathered = getattr(self._gather, "pipe", None)
+        pipe = gathered if gathered is not None else self.redis.pipeline(transaction=True)
+        if delete:
+            pipe.hdel(self._k_reasons, *delete)
+        if set_:
+            pipe.hset(self._k_reasons, mapping={
+                k: json.dumps([r.code, r.message]) for k, r in set_.items()
+            })
+        if gathered is None:
+            pipe.execute()
+
+    @contextmanager
+    def _gathered(self) -> Iterator[None]:
+        """Reasons, queue order and reservation written inside the block go in one
+        transaction (MULTI/EXEC), sent when the block ends."""
+        if getattr(self._gather, "pipe", None) is not None:
+            yield
+            return
+        self._gather.pipe = pipe = self.redis.pipeline(transaction=True)
+        try:
+            yield
+        finally:
+            self._gather.pipe = None
+        if pipe.command_stack:
+            pipe.execute()
+
+    def _writer(self) -> Any:
+        """Where a write goes: the gathered pipeline inside :meth:`_gathered`, else Redis."""
+        pipe = getattr(self._gather, "pipe", None)
+        return self.redis if pipe is None else pipe
+
+    def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]:
+        if not job_ids:
+            return []
+        raw = self.redis.hmget(self._k_reasons, list(job_ids))
+        return [None if r is None else Reason(*json.loads(r)) for r in raw]
+
+    # -- fair-share usage, runtime samples, the reservation ----------------------------------
+
+    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
+                   sample: tuple[str, str, int, float, float] | None = None) -> None:
+        self._usage_script([self._k_usage, self._k_runtimes],
+                           [team, repr(float(gpu_s)), repr(float(now)), repr(float(half_life_s)),
+                            RUNTIME_SAMPLES, json.dumps(list(sample)) if sample else ""])
+
+    def _add_usage_many(self, usages: Sequence[tuple[str, float, float, float,
+                                                     tuple[str, str, int, float, float] | None]]
+                        ) -> None:
+        self._run_scripts([(self._usage_script, [self._k_usage, self._k_runtimes],
+                            [team, repr(float(gpu_s)), repr(float(now)),
+                             repr(float(half_life_s)), RUNTIME_SAMPLES,
+                             json.dumps(list(sample)) if sample else ""])
+                           for team, gpu_s, now, half_life_s, sample in usages])
+
+
+    @staticmethod
+    def _parse_samples(batch: Any, cursor: str
+                       ) -> tuple[list[tuple[str, str, int, float, float]], str]:
+        out: list[tuple[str, str, int, float, float]] = []
+        for entry_id, fields_ in batch:
+            team, name, gpus, limit, ran = json.loads((fields_ or {})[b"s"])
+            out.append((team, name, int(gpus), float(limit), float(ran)))
+            cursor = _str(entry_id)
+        return out, cursor
+
+    def _read_usage(self) -> dict[str, tuple[float, float]]:
+        return self._parse_usage(self.redis.hgetall(self._k_usage))
+
+    @staticmethod
+    def _parse_usage(raw_usage: Any) -> dict[str, tuple[float, float]]:
+        out = {}
+        for team, raw in raw_usage.items():
+            value, at = json.loads(raw)
+            out[_str(team)] = (float(value), float(at))
+        return out
+
+    def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
+                                                   str]:
+        out: list[tuple[str, str, int, float, float]] = []
+        while True:
+            batch = self.redis.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0"
+                                      else "-", count=5000)
+            if not batch:
+                return out, cursor
+            more, cursor = self._parse_samples(batch, cursor)
+            out += more
+
+    def _put_reservation(self, data: str | None) -> None:
+        if data is None:
+            self._writer().delete(self._k_reservation)
+        else:
+            self._writer().set(self._k_reservation, data)
+
+    def _get_reservation(self) -> str | None:
+        raw = self.redis.get(self._k_reservation)
+        return None if raw is None else _str(raw)
+
+    def _put_order(self, ids: Sequence[str], at: float) -> None:
+        head = f"{float(at)!r} {len(ids)}\n"
+        self._writer().set(self._k_order, head + " ".join(ids[:ORDER_CAP]))
+
+    def _get_order(self) -> QueueOrder | None:
+        raw = self.redis.get(self._k_order)
+        if raw is None:
+            return None
+        head, _, body = _str(raw).partition("\n")
+        at, total = head.split()
+        return QueueOrder(tuple(body.split()), int(total), float(at))
+
+    # -- cloud instances -----------------------------------------------------------------------
+
+
+    def _load_instances(self, request_ids: Sequence[str] | None = None,
+                        live_only: bool = False) -> list[tuple[Instance, int]]:
+        if request_ids is None:
+            key = self._k_live if live_only else self._k_instances
+            request_ids = [_str(m) for m in self.redis.zrange(key, 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            pipe.hmget(f"{self.prefix}inst:{rid}", ["doc", "version"])
+        out = []
+        for doc, version in pipe.execute():
+            if doc is not None:
+                out.append((Instance.from_dict(json.loads(doc)), int(version)))
+        return out
+
+    def _cas_instance(self, inst: Instance, expected_version: int) -> str:
+        doc = json.dumps(inst.to_dict(), separators=(",", ":"))
+        keys = [f"{self.prefix}inst:{inst.request_id}", self._k_instances, self._k_live,
+                self._k_leader]
+        args: list[Any] = [expected_version, doc, repr(float(inst.requested_at)), inst.request_id,
+                int(not inst.ended), self.fence_token() or ""]
+        return _str(self._instance_script(keys, args))
+
+    def _put_block(self, block: Block) -> None:
+        self.redis.hset(self._k_blocks, block.key, json.dumps([block.until, block.reason]))
+
+    def _put_offers(self, doc: str) -> None:
+        self.redis.set(f"{self.prefix}offers", doc)
+
+    def _get_offers(self) -> str | None:
+        raw = self.redis.get(f"{self.prefix}offers")
+        return None if raw is None else _str(raw)
+
+    def _load_blocks(self) -> list[Block]:
+        out = []
+        for key, raw in self.redis.hgetall(self._k_blocks).items():
+            until, reason = json.loads(raw)
+            out.append(Block(_str(key), float(until), str(reason)))
+        return out
+
+    # -- leadership ----------------------------------------------------------------------------
+
+    def _acquire(self, owner: str, ttl_s: float, now: float) -> str | None:
+        token = self._acquire_script([self._k_leader, self._k_epoch],
+                                     [owner, max(1, int(ttl_s * 1000))])
+        return None if token is None else _str(token)
+
+    def _renew(self, token: str, ttl_s: float, now: float) -> bool:
+        return bool(self._renew_script([self._k_leader], [token, max(1, int(ttl_s * 1000))]))
+
+    def _release(self, token: str) -> None:
+        self._release_script([self._k_leader], [token])
+
+    def _leader(self, now: float) -> tuple[str, float] | None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self._k_leader)
+        pipe.pttl(self._k_leader)
+        token, ttl_ms = pipe.execute()
+        return None if token is None else (_str(token), max(0.0, ttl_ms / 1000))
+
+    def store_started_at(self, now: float) -> float:
+        """When the Redis server started (its uptime, against ``now``)."""
+        return now - float(self.redis.info("server")["uptime_in_seconds"])
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
+                    now: float) -> None:
+        args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S]
+        for stream, text in lines:
+            args += [stream, text]
+        res = self._append_script([self._k_job(job_id), self._k_logs(job_id, attempt)], args)
+        if int(res[0]) != 1:
+            raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))
+
+    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
+                  block_s: float = 0.0) -> list[LogLine]:
+        if limit <= 0:
+            return []
+        # As in MemoryStore, "", "0" and "$" all mean "from the first line".
+        after = "0" if cursor in ("", "0", "$") else cursor
+        block = max(1, int(block_s * 1000)) if block_s > 0 else None
+        reply = self.redis.xread({self._k_logs(job_id, attempt): after}, count=limit,
+                                 block=block)
+        if not reply:
+            return []
+        if isinstance(reply, dict):  # RESP3: {key: [[entry, ...]]}
+            streams = [entries for v in reply.values() for entries in v]
+        else:  # RESP2: [[key, [entry, ...]]]
+            streams = [entries for _, entries in reply]
+        out = []
+        for entries in streams:
+            for entry in entries:
+                entry_id, fields = entry[0], entry[1]  # type: ignore[index]
+                f = {_str(k): v for k, v in fields.items()}  # type: ignore[union-attr]
+                out.append(LogLine(_str(entry_id), float(_str(f["t"])), _str(f["s"]),
+                                   _str(f["x"])))
+        return out
