@@ -36,7 +36,8 @@ from broker.model.cloud import Offer
 from broker.reach import guarded
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
-from broker.store.base import BaseStore, LogLine, QueueOrder
+from broker.store.backend import LogLine, QueueOrder
+from broker.store.base import BaseStore
 
 __all__ = ["Client", "Explanation", "JobTimeout", "NodeView"]
 

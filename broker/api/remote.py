@@ -36,7 +36,7 @@ from broker.errors import (
 )
 from broker.model import Job, Node
 from broker.state import JobState
-from broker.store.base import LogLine
+from broker.store.backend import LogLine
 from broker.tokens import RateLimited, Refused, TokenError
 
 DEFAULT_TOKEN_FILE = "~/.config/spillway/token"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from broker.config import Config
 from broker.errors import ConfigError
 from broker.security.redact import redact_url
-from broker.store.base import BaseStore, LogLine
+from broker.store.backend import LogLine
+from broker.store.base import BaseStore
 from broker.store.memory import MemoryStore
 from broker.store.redis import RedisStore
 

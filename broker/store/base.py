@@ -1,23 +1,18 @@
 """The Store: the only source of truth. One interface, two backends (Redis and memory).
 
 :class:`BaseStore` holds every rule (transitions, fencing, requeue on node death) once; a
-backend supplies a handful of persistence primitives with compare-and-set semantics:
-
-* ``_commit(changes)``: for each Change, atomically check the job's version, check that every
-  claimed GPU is free on a live node, write the record, set the claims, drop the releases, and
-  keep the pending/active indexes in step with the job's state. Returns one status per change:
-  ``ok``, ``version`` (someone wrote first), ``busy`` (a GPU is taken) or ``dead`` (a node's
-  lease is gone).
+backend supplies a handful of persistence primitives with compare-and-set semantics
+(:mod:`broker.store.backend` lists them).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from broker.config import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
@@ -39,153 +34,24 @@ from broker.store import instances as _instances
 from broker.store import nodes as _nodes
 from broker.store import reports as _reports
 from broker.store import transitions as T
+from broker.store.backend import Backend, QueueOrder
 from broker.store.events import JobEvent
 from broker.store.instances import Block
-from broker.store.leadership import Leadership
 from broker.store.status import FENCED, OK, RETRIES, VERSION, Usage
-
-
-@dataclass(frozen=True)
-class LogLine:
-    cursor: str
-    time: float
-    stream: str  # "out" or "err"
-    text: str
-
-
-@dataclass(frozen=True)
-class QueueOrder:
-    """The pending queue as the last scheduling cycle ranked it (jobs it started left out).
-
-    ``ids`` holds the first :data:`ORDER_CAP` of them; ``total`` counts them all; ``at`` is
-    when the cycle's Plan was applied."""
-
-    ids: tuple[str, ...]
-    total: int
-    at: float
-
-    def position(self, job_id: str) -> int | None:
-        """1-based place of ``job_id``; None if the cycle did not rank it (or past the cap)."""
-        try:
-            return self.ids.index(job_id) + 1
-        except ValueError:
-            return None
-
-
-ORDER_CAP = 10_000  # queue positions recorded per cycle (one value, rewritten each cycle)
 
 
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:12]
 
 
-class BaseStore(Leadership, ABC):
+class BaseStore(Backend):
     """The rules; subclasses provide persistence."""
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
         self._last_reasons: dict[str, Reason] = {}
-        Leadership.__init__(self)
+        Backend.__init__(self)
         self._last_reservation: str | None = ""
-
-    # -- primitives --------------------------------------------------------------------------
-
-    @abstractmethod
-    def _load(self, job_ids: Sequence[str]) -> list[Job | None]: ...
-
-    @abstractmethod
-    def _commit(self, changes: Sequence[T.Change]) -> list[str]: ...
-
-    @abstractmethod
-    def _index(self, which: str) -> list[str]:
-        """Job ids in the ``pending``, ``active`` or ``all`` index, oldest first."""
-
-    @abstractmethod
-    def _put_node(self, node: Node, lease_expires: float) -> None: ...
-
-    @abstractmethod
-    def _load_nodes(self) -> list[Node]: ...
-
-    @abstractmethod
-    def _mark_down(self, node_id: str, expected_incarnation: str, now: float) -> bool:
-        """Atomically mark a node DOWN and drop its GPU allocations, only if it is still the
-        same incarnation and its lease ended by ``now``; False otherwise."""
-
-    @abstractmethod
-    def _forget_node(self, node_id: str, incarnation: str) -> bool:
-        """Delete a node that is DOWN in this incarnation (its record, its allocations, its
-        place in the node list); False if it is not."""
-
-    @abstractmethod
-    def allocations(self, node_ids: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        """node id -> GPU id -> owner ("job:attempt") for the given (or all) nodes."""
-
-    @abstractmethod
-    def _write_reasons(self, set_: Mapping[str, Reason], delete: Sequence[str]) -> None: ...
-
-    @abstractmethod
-    def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]: ...
-
-    @abstractmethod
-    def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
-                   sample: tuple[str, str, int, float, float] | None = None) -> None:
-        """Atomically decay a team's usage to ``now`` and add ``gpu_s``; with ``sample``, also
-        append it to the runtime samples (one round trip for both)."""
-
-    @abstractmethod
-    def _read_usage(self) -> dict[str, tuple[float, float]]:
-        """team -> (decayed GPU-seconds, as of time)."""
-
-    @abstractmethod
-    def _read_runtimes(self, cursor: str) -> tuple[list[tuple[str, str, int, float, float]],
-                                                   str]:
-        """Runtime samples after ``cursor`` (oldest first) and the new cursor."""
-
-    @abstractmethod
-    def _put_reservation(self, data: str | None) -> None: ...
-
-    @abstractmethod
-    def _get_reservation(self) -> str | None: ...
-
-    @abstractmethod
-    def _put_order(self, ids: Sequence[str], at: float) -> None:
-        """Replace the recorded queue order (one value: the first ORDER_CAP ids, the count)."""
-
-    @abstractmethod
-    def _get_order(self) -> QueueOrder | None: ...
-
-    @abstractmethod
-    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
-                    now: float) -> None:
-        """Append (stream, text) lines to an attempt's log; refused (StaleAttempt) if stale."""
-
-    @abstractmethod
-    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
-                  block_s: float = 0.0) -> list[LogLine]: ...
-
-    @abstractmethod
-    def _load_instances(self, request_ids: Sequence[str] | None = None,
-                        live_only: bool = False) -> list[tuple[Instance, int]]:
-        """Instance records with their versions: these request ids (missing ones left out),
-        or every one (``live_only``: those not ended), oldest request first."""
-
-    @abstractmethod
-    def _cas_instance(self, inst: Instance, expected_version: int) -> str:
-        """Write ``inst`` if its record's version is ``expected_version`` (0: no record yet);
-        fenced like a job write. ``ok``, ``version`` or ``fenced``."""
-
-    @abstractmethod
-    def _put_block(self, block: Block) -> None: ...
-
-    @abstractmethod
-    def _put_offers(self, doc: str) -> None:
-        """Replace the published offers (one JSON document: the provisioner's, with a time)."""
-
-    @abstractmethod
-    def _get_offers(self) -> str | None: ...
-
-    @abstractmethod
-    def _load_blocks(self) -> list[Block]: ...
 
     # -- jobs ----------------------------------------------------------------------------------
 

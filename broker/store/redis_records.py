@@ -20,7 +20,8 @@ from redis.exceptions import NoScriptError
 from broker.config import Config
 from broker.errors import StaleAttempt
 from broker.model import Instance, Node, NodeState, Reason
-from broker.store.base import ORDER_CAP, BaseStore, LogLine, QueueOrder
+from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
+from broker.store.base import BaseStore
 from broker.store.instances import Block
 from broker.store.lua import (
     ACQUIRE,

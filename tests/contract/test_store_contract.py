@@ -753,7 +753,7 @@ def test_apply_records_the_queue_order_less_the_jobs_it_started(store: BaseStore
 
 def test_the_recorded_order_keeps_the_first_order_cap_ids_and_counts_all(
         store: BaseStore) -> None:
-    from broker.store.base import ORDER_CAP
+    from broker.store.backend import ORDER_CAP
 
     ids = tuple(f"j-{i:06d}" for i in range(ORDER_CAP + 5))
     store.apply(Plan(order=ids), T0)
