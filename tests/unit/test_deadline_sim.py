@@ -104,3 +104,20 @@ def test_the_simulated_cluster_agrees_with_the_replay(name: str, start: int) -> 
     r = one(name, avail, gap, start, S, market)
     assert met and r["met"] and r["jobs_lost"] == 0
     assert r["cost"] / BASE == pytest.approx(cost / BASE, abs=0.01)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="the Can't Be Late traces are not here")
+def test_the_bench_command_runs_through_the_simulator() -> None:
+    import json
+
+    from tests.conftest import run_cli
+
+    code, out, _ = run_cli("redis://127.0.0.1:1/0", "bench", "spot-deadline", "--traces",
+                           str(TRACES), "--starts", "1", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["through"] == "simulator" and doc["runs"] == 11
+    assert doc["deadline_misses"] == 0 and doc["jobs_lost"] == 0 and doc["missed"] == []
+    assert set(doc["per_trace"]) == {n for n, _, _ in load(TRACES)}
+    assert all({"spillway", "replay", "greedy"} <= set(r) for r in doc["per_trace"].values())
+    assert 0 < doc["cost_vs_ondemand"] <= 1.1 and "cost_vs_ondemand" in doc["replay"]
