@@ -251,7 +251,9 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     not preempt: while the grid of the on-prem sites is clean (:func:`clean_now`), deferrable
     jobs first; while it is dirty, after the others. Deferrable work takes the clean hours
     and leaves the dirty ones to the work that cannot wait (the urgent classes keep their
-    place ahead of both)."""
+    place ahead of both). The job holding the reservation keeps its place first among the
+    others, as in spillway's order (moving it back would waste its drain), then come the
+    deferrable jobs out of slack (:func:`out_of_slack`), clean or dirty."""
     ordered = spillway(cycle, jobs)
     zones = {s.carbon_zone for s in cycle.snap.sites if s.is_onprem} - {""}
     clean = clean_now(cycle, zones.pop()) if len(zones) == 1 else None
@@ -261,6 +263,32 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     snap = cycle.snap
     head = [j for j in ordered if j.priority in urgent]
     rest = [j for j in ordered if j.priority not in urgent]
-    flex = [j for j in rest if deferrable(snap, j)]
-    other = [j for j in rest if not deferrable(snap, j)]
-    return head + (flex + other if clean else other + flex)
+    holder = snap.reservation.job_id if snap.reservation else None
+    keep = [j for j in rest if j.id == holder]  # its drain is never wasted (as in spillway)
+    late = [j for j in rest
+            if j.id != holder and deferrable(snap, j) and out_of_slack(cycle, j)]
+    gone = {j.id for j in keep + late}
+    flex = [j for j in rest if deferrable(snap, j) and j.id not in gone]
+    other = [j for j in rest if not deferrable(snap, j) and j.id not in gone]
+    return head + keep + late + (flex + other if clean else other + flex)
+
+
+def out_of_slack(cycle: Cycle, job: Job) -> bool:
+    """May a deferrable job wait no longer? Not started yet and waited ``sla_share`` of its
+    class SLA (the latest start a carbon wait plans), or, with a deadline, less slack left
+    (deadline - now - what is left of its time limit) than ``sla_share`` of its class SLA.
+    Such a job goes ahead of the other jobs that may not preempt, clean hours or dirty: one
+    that waited for a window, or paused, and found the GPUs taken would otherwise lose its
+    SLA or its deadline behind them (the reservation of the queue's head then holds GPUs for
+    it, as for any head)."""
+    cls = cycle.snap.class_by_name.get(job.priority)
+    if cls is None:
+        return False
+    margin = float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
+    if not job.attempts and cycle.now - job.submitted_at >= margin:
+        return True
+    if job.spec.deadline is None:
+        return False
+    limit = float(job.spec.time_limit or cycle.estimate(job))
+    left = max(0.0, limit - done_s(job, cycle.now))
+    return job.spec.deadline - cycle.now - left < margin

@@ -126,3 +126,95 @@ def test_a_long_job_pauses_for_its_share_of_the_forecast(deadline: float, paused
     assert got == ([("r", EvictionKind.CARBON)] if paused else [])
     if paused:
         assert plan.wake_at == 6 * H
+
+
+# (hours waited since submission, started for how many hours (None: never), deadline in hours
+# from now (None: none), time limit in hours) -> out of slack? (class SLA 24 h, sla_share 0.5)
+SLACK_ROWS: dict[str, tuple[float, float | None, float | None, float, bool]] = {
+    "waited 2 h of its 24 h SLA": (2, None, None, 4, False),
+    "waited 12 h, half its SLA: goes ahead": (12, None, None, 4, True),
+    "started, no deadline: the SLA is met": (30, 1, None, 4, False),
+    "started, deadline far: slack left": (30, 1, 100, 4, False),
+    "started, 3 h of its limit left, deadline in 14 h: 11 h slack": (30, 1, 14, 4, True),
+    "started, 3 h left, deadline in 16 h: 13 h slack": (30, 1, 16, 4, False),
+}
+
+
+@pytest.mark.parametrize("name", SLACK_ROWS)
+def test_out_of_slack(name: str) -> None:
+    from broker.model import Attempt
+    from policies.carbon_wait import out_of_slack
+    from policies.cycle import Memory
+
+    waited, ran, deadline, limit, want = SLACK_ROWS[name]
+    now = 100 * H
+    j = job(
+        "j",
+        1,
+        priority="flex",
+        submitted=now - waited * H,
+        time_limit=limit * H,
+        deadline=None if deadline is None else now + deadline * H,
+    )
+    if ran is not None:
+        j = replace(j, attempts=(Attempt(1, (), now - 10 * H, now - 10 * H + ran * H),))
+    snap = replace(snapshot([node("n", 1)], [j], now=now), classes=FLEX)
+
+    class _C:
+        def __init__(self) -> None:
+            self.snap, self.now, self.memory = snap, now, Memory()
+
+        def settings(self, name: str) -> dict[str, Any]:
+            from policies.registry import settings_of
+
+            return settings_of({}, name)
+
+        def estimate(self, job: Any) -> float:
+            return float(job.spec.time_limit)
+
+    assert out_of_slack(_C(), j) is want  # type: ignore[arg-type]
+
+
+# (now, job b holds the reservation, hours flexible job a has waited) -> the order
+ORDER_ROWS: dict[str, tuple[float, bool, float, list[str]]] = {
+    "dirty: a waits behind b": (0.0, False, 0, ["crit", "b", "a"]),
+    "clean: a leads": (7 * H, False, 0, ["crit", "a", "b"]),
+    "clean, b holds the reservation: b keeps its place": (7 * H, True, 0, ["crit", "b", "a"]),
+    "dirty, a out of slack (waited 12 h of 24): a leads": (0.0, False, 12, ["crit", "a", "b"]),
+}
+
+
+@pytest.mark.parametrize("name", ORDER_ROWS)
+def test_the_carbon_order(name: str) -> None:
+    from broker.plan import Reservation
+    from policies.carbon_wait import spillway_carbon
+    from policies.cycle import Memory
+
+    now, held, waited, want = ORDER_ROWS[name]
+    a = job("a", 1, submitted=now - waited * H, priority="flex", time_limit=2 * H)
+    b = job("b", 1, submitted=now - waited * H + 1, priority="normal", time_limit=2 * H)
+    crit = job("crit", 1, submitted=now - waited * H + 2, priority="critical", time_limit=2 * H)
+    ahead = tuple((t, g) for t, g in DAY if t >= now)
+    snap = replace(
+        snapshot([node("n", 1)], [a, b, crit], now=now),
+        classes=FLEX,
+        sites=(Site(carbon_zone="US-CAL-CISO"),),
+        carbon_forecast={"US-CAL-CISO": ahead},
+        reservation=Reservation("b", now + H, ("n",), "A100-80GB") if held else None,
+    )
+
+    class _C:
+        def __init__(self) -> None:
+            self.snap, self.now, self.memory = snap, now, Memory()
+            self.notes: dict[str, Any] = {}
+
+        @property
+        def fairshare(self) -> dict[str, float]:
+            return {}
+
+        def settings(self, name: str) -> dict[str, Any]:
+            from policies.registry import settings_of
+
+            return settings_of({}, name)
+
+    assert [j.id for j in spillway_carbon(_C(), [a, b, crit])] == want  # type: ignore[arg-type]
