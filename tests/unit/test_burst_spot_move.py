@@ -14,6 +14,7 @@ from broker.state import RESUMES_FIRST, EvictionKind
 from policies.burst_spot_move import move_gain
 
 OD, SPOT = 24.48, 7.344  # 8 x V100, on-demand and spot, $/h
+ON = {"sla": {"spot_move": 1}}
 
 
 @pytest.mark.parametrize("case, remaining_s, ratio, spot, rate, move", [
@@ -72,8 +73,8 @@ def test_through_the_cycle_launch_spot_then_move_when_it_is_up() -> None:
              used: tuple[str, ...] = ("s",)) -> Any:
         active = held + ([running("x", 1, on="s", time_limit=36000.0)] if "x" in used else [])
         ns = nodes if "s" in used or "x" in used else nodes[:2]
-        return run_cycle(snap(ns, list(queue), active, offers=(SPOT1, OD1), instances=instances),
-                         sla, NOW)
+        return run_cycle(snap(ns, list(queue), active, offers=(SPOT1, OD1), instances=instances,
+                              settings=ON), sla, NOW)
 
     first = plan((od,), used=())
     assert [(x.offer_id, x.for_jobs) for x in first.launches] == [(SPOT1.id, ("m",))]
@@ -111,6 +112,8 @@ def test_a_gang_moves_with_one_spot_machine_a_node() -> None:
     nodes = [node("a", 4)] + [node(n, 1, "V100-16GB", site="aws:us-east-1:ondemand")
                               for n in ("c1", "c2")]
     s = snap(nodes, [], [running("r", 4, time_limit=72000.0), gang], offers=(SPOT1, OD1),
-             instances=ods)
+             instances=ods, settings=ON)
     plan = run_cycle(s, PolicySet(burst="sla", name="t"), NOW)
     assert [(x.offer_id, x.count, x.for_jobs) for x in plan.launches] == [(SPOT1.id, 2, ("g",))]
+    off = run_cycle(replace(s, settings={}), PolicySet(burst="sla", name="t"), NOW)
+    assert off.launches == ()  # spot_move is off by default
