@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -205,6 +206,25 @@ def test_apply_skips_a_start_whose_job_changed(store: BaseStore) -> None:
     assert applied.skipped == ((job.id, "changed since the snapshot"),)
     assert store.get(job.id).state is S.CANCELLED
     assert store.allocations(["n1"]) == {"n1": {}}
+
+
+def test_apply_skips_a_start_whose_job_another_process_changed(
+        redis_client: Any, redis_prefix: str) -> None:
+    """Redis: the scheduler's store applies from the copies its snapshot read; a change made
+    by another process after the snapshot (a cancel through the API) fails the commit's
+    compare-and-set, and the start is skipped, nothing claimed."""
+    from broker.store.redis import RedisStore
+
+    scheduler = RedisStore(redis_client, None, prefix=redis_prefix)
+    live(scheduler, node())
+    job = scheduler.submit(spec(), T0)
+    assert [j.id for j in scheduler.snapshot(T0).pending] == [job.id]
+    plan = Plan(starts=(start_of(job, ("n1", ["n1-g0"])),))
+    RedisStore(redis_client, None, prefix=redis_prefix).cancel(job.id, T0 + 1)
+    applied = scheduler.apply(plan, T0 + 2)
+    assert applied.started == () and [s[0] for s in applied.skipped] == [job.id]
+    assert scheduler.get(job.id).state is S.CANCELLED
+    assert scheduler.allocations(["n1"]) == {"n1": {}}
 
 
 def test_apply_is_compare_and_set_on_the_version(store: BaseStore) -> None:
