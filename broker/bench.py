@@ -7,9 +7,11 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 import time
+from collections import defaultdict
 from typing import Any
 
 from broker import commands
@@ -176,6 +178,37 @@ def _spawn(url: str, log_dir: str, name: str, *args: str) -> Any:
 NOOP_QUEUE = "bench.noop"
 
 
+def _turnaround(jobs: list[Any]) -> dict[str, float]:
+    """Where a GPU's time goes in the burst, from the jobs' histories (p50s, ms): STARTING to
+    RUNNING (the cycle's apply, the message, the agent's start), RUNNING to the end, and how
+    long a GPU stays free between a job's end and the next start on it; starts per cycle."""
+    def at(job: Any, state: str) -> float | None:
+        return next((h.time for h in job.history if h.state.value == state), None)
+
+    to_run, run, free, gpu = [], [], [], defaultdict(list)
+    for j in jobs:
+        start, end = at(j, "STARTING"), j.finished_at
+        running = at(j, "RUNNING") or end
+        if start is None or end is None or running is None:
+            continue
+        to_run.append(running - start)
+        run.append(end - running)
+        for a in j.allocations:
+            for g in a.gpu_ids:
+                gpu[(a.node_id, g)].append((start, end))
+    for spans in gpu.values():
+        spans.sort()
+        free += [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+    cycles = len({round(at(j, "STARTING") or 0.0, 6) for j in jobs})
+
+    def p50(xs: list[float]) -> float:
+        return round(statistics.median(xs) * 1000, 1) if xs else 0.0
+
+    return {"starting_to_running_p50_ms": p50(to_run), "running_to_end_p50_ms": p50(run),
+            "gpu_free_gap_p50_ms": p50(free),
+            "starts_per_cycle": round(len(jobs) / max(1, cycles), 2)}
+
+
 def _spawn_noop(url: str, log_dir: str) -> Any:
     """The raw Celery worker of the reference (broker/bench_noop.py)."""
     import os
@@ -322,6 +355,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             "submit_s": round(t_submit, 3),
             "job_starts_per_s": round(len(starts) / span, 1),
             "burst_submit_to_start_p50_ms": round(statistics.median(burst_lat), 1),
+            **_turnaround([j for j in final if j is not None]),
             "idle_submit_to_running_p50_ms": round(statistics.median(lat), 1),
             "idle_submit_to_running_p95_ms": round(_pct(lat, 0.95), 1),
             "celery_noop_tasks_per_s": round(celery_rate, 1),
