@@ -280,8 +280,9 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
                    **_ignored: Any) -> dict[str, Any]:
     """Start a scheduler and ``agents`` worker agents against a fresh embedded Redis (or
     ``redis_url``, whose database is flushed), run ``jobs`` trivial jobs (``true``), and
-    measure job starts per second, submit-to-running latency on an idle cluster, and raw
-    Celery task throughput through one agent's queue."""
+    measure job starts per second, submit-to-running latency on an idle cluster, and
+    Celery's own throughput: no-op tasks through a stock Celery worker (broker/bench_noop.py),
+    and through one agent's queue for the record."""
     import shutil
     import signal
     import tempfile
