@@ -341,13 +341,9 @@ class BaseStore(Backend):
         GPUs were taken, is skipped, never half-done. Safe to run twice on the same Plan."""
         started, stopping, skipped = [], [], []
         if plan.starts:
-            ids = [s.job_id for s in plan.starts]
-            # the copies the snapshot read, when the backend kept them all at the planned
-            # versions (the commit's compare-and-set proves them; a lost race is skipped as a
-            # changed job is); else read again
-            jobs = self._cached_jobs(ids)
-            if any(j is None or j.version != st.version for j, st in zip(jobs, plan.starts)):
-                jobs = self._load(ids)
+            # read again, not the snapshot's copies: a record rewritten without its version
+            # (a compromised agent) must reach the agent's sealed-spec check as it is
+            jobs = self._load([s.job_id for s in plan.starts])
             changes = []
             for st, job in zip(plan.starts, jobs):
                 if job is None or job.version != st.version or job.state is not JobState.PENDING \
