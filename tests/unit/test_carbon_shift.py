@@ -16,6 +16,7 @@ from policies.carbon_place import energy_per_work, greenest_first
 from policies.carbon_wait import within_forecast
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
+from tests.unit.test_carbon_wait import order_cycle
 
 H = 3600.0
 FLEX = (*DEFAULT_CLASSES, PriorityClass("flex", 150, 24 * H, flexible=True))
@@ -188,7 +189,6 @@ ORDER_ROWS: dict[str, tuple[float, bool, float, list[str]]] = {
 def test_the_carbon_order(name: str) -> None:
     from broker.plan import Reservation
     from policies.carbon_wait import spillway_carbon
-    from policies.cycle import Memory
 
     now, held, waited, want = ORDER_ROWS[name]
     a = job("a", 1, submitted=now - waited * H, priority="flex", time_limit=2 * H)
@@ -203,18 +203,4 @@ def test_the_carbon_order(name: str) -> None:
         reservation=Reservation("b", now + H, ("n",), "A100-80GB") if held else None,
     )
 
-    class _C:
-        def __init__(self) -> None:
-            self.snap, self.now, self.memory = snap, now, Memory()
-            self.notes: dict[str, Any] = {}
-
-        @property
-        def fairshare(self) -> dict[str, float]:
-            return {}
-
-        def settings(self, name: str) -> dict[str, Any]:
-            from policies.registry import settings_of
-
-            return settings_of({}, name)
-
-    assert [j.id for j in spillway_carbon(_C(), [a, b, crit])] == want  # type: ignore[arg-type]
+    assert [j.id for j in spillway_carbon(order_cycle(snap, now), [a, b, crit])] == want

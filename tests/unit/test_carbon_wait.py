@@ -92,7 +92,6 @@ def test_at_the_window_it_starts_and_a_flat_forecast_never_waits() -> None:
 def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
         now: float, first: list[str]) -> None:
     from policies.carbon_wait import spillway_carbon
-    from policies.cycle import Memory
 
     a = job("a", 1, submitted=NOW, priority="flex", time_limit=2 * H)
     b = job("b", 1, submitted=NOW + 1, priority="normal", time_limit=2 * H)
@@ -102,20 +101,7 @@ def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
                    sites=(Site(carbon_zone="US-CAL-CISO"),),
                    carbon_forecast={"US-CAL-CISO": ahead})
 
-    class _C:
-        def __init__(self) -> None:
-            self.snap, self.now, self.memory = snap, now, Memory()
-            self.notes: dict[str, Any] = {}
-
-        @property
-        def fairshare(self) -> dict[str, float]:
-            return {}
-
-        def settings(self, name: str) -> dict[str, Any]:
-            from policies.registry import settings_of
-            return settings_of({}, name)
-
-    assert [j.id for j in spillway_carbon(_C(), [a, b, crit])] == first  # type: ignore[arg-type]
+    assert [j.id for j in spillway_carbon(order_cycle(snap, now), [a, b, crit])] == first
 
 
 @pytest.mark.parametrize(("factor", "cls", "want"), [
@@ -151,3 +137,28 @@ def test_a_running_job_pauses_through_a_dirty_peak(pause: int, deadline: float,
         [("r", EvictionKind.CARBON)] if paused else [])
     if paused:
         assert plan.wake_at == 6 * H and "for 6.0h" in plan.preemptions[0].reason
+
+
+class OrderCycle:
+    """Just what an order policy reads of a cycle: its snapshot, time, memory and settings
+    (each at its defaults), no fair share."""
+
+    def __init__(self, snap: Any, now: float) -> None:
+        from policies.cycle import Memory
+
+        self.snap, self.now, self.memory = snap, now, Memory()
+        self.notes: dict[str, Any] = {}
+
+    @property
+    def fairshare(self) -> dict[str, float]:
+        return {}
+
+    def settings(self, name: str) -> dict[str, Any]:
+        from policies.registry import settings_of
+
+        return settings_of({}, name)
+
+
+def order_cycle(snap: Any, now: float) -> Any:
+    """An :class:`OrderCycle`, typed as the cycle the order policies take."""
+    return OrderCycle(snap, now)
