@@ -62,15 +62,26 @@ def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     plan = reserve_plan(budget_book(rt.store), plan, time.time(), _team_of(rt),
                         _machine_of(rt))
     applied = rt.store.apply(plan, now=time.time())
-    commands.start_jobs(rt.celery, applied.started)
+    send = _sender(rt)
+    if applied.started:
+        send(commands.start_jobs, rt.celery, applied.started)
     grace = {p.job_id: p.grace_s for p in plan.preemptions}
     for job in applied.stopping:  # each with the grace its preemption asked for
-        commands.stop_jobs(rt.celery, [job], grace.get(job.id, rt.config.grace_s))
+        send(commands.stop_jobs, rt.celery, [job], grace.get(job.id, rt.config.grace_s))
     for launch in plan.launches:
         request_launch(rt, launch)
     for term in plan.terminations:
         commands.terminate(rt.celery, term.instance_ids, term.reason)
     return applied
+
+
+def _sender(rt: Runtime) -> Callable[..., object]:
+    """How the start and stop commands of an applied Plan leave: through the runtime's
+    outbox, whose thread publishes them while the next cycle runs (the leading scheduler),
+    or at once."""
+    if rt.outbox is not None:
+        return rt.outbox.post
+    return lambda fn, *args: fn(*args)
 
 
 def _team_of(rt: Runtime) -> Callable[[str], str]:

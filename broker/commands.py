@@ -14,8 +14,11 @@ command needs one (the cycle trigger), and jobs are anything shaped like one
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from celery import Celery
@@ -66,6 +69,60 @@ class PlacedJob(Protocol):
 
 class RedisLike(Protocol):
     def pipeline(self, transaction: bool = ...) -> Any: ...
+
+
+log = logging.getLogger(__name__)
+
+
+class Outbox:
+    """Commands sent in order by a thread of their own, so that the leading scheduler's
+    cycle does not wait out their round trips: it commits its starts, hands their messages
+    here and goes on to the next snapshot while they are published.
+
+    Nothing is lost that a synchronous send would have kept: a start is committed before its
+    message is queued here, and a message that never leaves (the process dies, Redis is
+    down) is what the reconciler already repairs, by sending again the start of a job that
+    stays STARTING and the stop of one that stays STOPPING. A send that fails is logged and
+    dropped for the same reason."""
+
+    def __init__(self, name: str = "spillway-outbox") -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[..., object], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def post(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call ``fn(*args)`` on the outbox's thread, after everything posted before."""
+        with self._idle:
+            self._pending += 1
+        self._q.put((fn, args))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything posted so far was sent (or failed); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Send what is queued (waiting at most ``timeout``), then end the thread."""
+        done = self.flush(timeout)
+        self._q.put(None)
+        return done
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception as e:  # repaired by the reconciler's resend (above)
+                log.warning("a command was not sent (%s: %s); the reconciler sends it again",
+                            type(e).__name__, e)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
 
 
 # -- node.<id> ------------------------------------------------------------------------------

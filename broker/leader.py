@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker.commands import WAKE
+from broker.commands import WAKE, Outbox
 from broker.control import run_cycles
 from broker.errors import Fenced, StoreUnreachable
 from broker.metrics import Guard, SchedulerMetrics, scheduler_metrics, serve
@@ -185,6 +185,7 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     guard = Guard.from_config(config)  # (a metrics_* setting that is wrong: a ConfigError now)
     rt = init_runtime(redis_url, config)
+    rt.outbox = Outbox()  # node commands leave on a thread of their own (broker/commands.py)
     leader = Leader(rt)
     if config.metrics_port:
         serve(leader.metrics.registry, config.metrics_port, guard=guard)
@@ -218,4 +219,5 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
     finally:
         if service is not None:
             service.stop()
+        rt.outbox.close()  # what the last cycles started, sent before the process ends
     return 0

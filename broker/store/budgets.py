@@ -18,7 +18,7 @@ releases what is left of an instance's reservation once it stopped.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.store.budgets_base import (
     DEFAULT_ALERTS,
@@ -64,10 +64,12 @@ def budget_book(store: BaseStore) -> BudgetBook:
     return book  # type: ignore[no-any-return]
 
 
-def with_budgets(snap: Snapshot, book: BudgetBook) -> Snapshot:
+def with_budgets(snap: Snapshot, book: BudgetBook, read: tuple[Any, Any] | None = None
+                 ) -> Snapshot:
     """``snap`` with each budgeted team's cap (``budgets``), dollars committed in the cap's
-    current window (``spend``: spent + reserved) and the soft caps (``soft_budgets``)."""
-    caps, spend = book.committed(snap.now)
+    current window (``spend``: spent + reserved) and the soft caps (``soft_budgets``).
+    ``read``: the book's first read, made with the snapshot's (:meth:`BudgetBook.committed`)."""
+    caps, spend = book.committed(snap.now, read)
     if not caps:
         return snap
     return replace(snap, budgets={t: b.amount for t, b in caps.items()}, spend=spend,

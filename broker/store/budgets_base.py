@@ -211,9 +211,12 @@ class BudgetBook(ABC):
         pct = 100.0 * self.spent(team).get(wid, 0.0) / b.amount
         return [a for a in b.alerts if pct + EPS >= a and self._fire(team, f"{wid}:{a:g}", now)]
 
-    def committed(self, now: float) -> tuple[dict[str, Budget], dict[str, float]]:
+    def committed(self, now: float, read: tuple[Any, Any] | None = None
+                  ) -> tuple[dict[str, Budget], dict[str, float]]:
         """Every budget, and each budgeted team's dollars spent in its cap's current window
-        plus reserved (what a snapshot needs)."""
+        plus reserved (what a snapshot needs). ``read``: what a backend read of them with the
+        snapshot, if it did (Redis: :meth:`RedisBudgets.queue_committed`)."""
+        del read
         caps = self.budgets()
         reserved = self.reserved()
         wids = window_ids(now)

@@ -89,11 +89,23 @@ class RedisBudgets(BudgetBook):
     def reserved(self) -> dict[str, float]:
         return {_s(k): float(v) for k, v in self.r.hgetall(self.k_reserved).items()}
 
-    def committed(self, now: float) -> tuple[dict[str, Budget], dict[str, float]]:
-        pipe = self.r.pipeline(transaction=False)
+    def queue_committed(self, pipe: Any) -> None:
+        """Queue :meth:`committed`'s first read on ``pipe`` (a snapshot's MULTI: no round
+        trip of its own); its two replies are :meth:`committed`'s ``read``."""
         pipe.hgetall(self.k_budgets)
         pipe.hgetall(self.k_reserved)
-        raw, reserved = pipe.execute()
+
+    def committed(self, now: float, read: tuple[Any, Any] | None = None
+                  ) -> tuple[dict[str, Budget], dict[str, float]]:
+        """``read``: the replies of :meth:`queue_committed`, if made (else read here). With no
+        budget set, that is all it reads."""
+        pipe = self.r.pipeline(transaction=False)
+        if read is None:
+            pipe.hgetall(self.k_budgets)
+            pipe.hgetall(self.k_reserved)
+            raw, reserved = pipe.execute()
+        else:
+            raw, reserved = read
         caps = {_s(k): Budget.from_dict(json.loads(v)) for k, v in raw.items()}
         if not caps:
             return caps, {}

@@ -9,13 +9,18 @@ from broker.state import ACTIVE
 #       PENDING), then the leader key.
 # ARGV: 1 expected version, 2 new version, 3 doc, 4 state, 5 attempt, 6 score, 7 job id,
 #       8 pending 0/1, 9 active 0/1, 10 owner, 11 release owner, 12 #claims, 13 #releases,
-#       then the claimed GPU ids, then the released GPU ids, then the fencing token the leader
-#       key must hold ("": the write is not a leader's, nothing to check).
+#       then the claimed GPU ids, then the released GPU ids, then the SHA-1 the stored
+#       document must have ("": not checked; Change.expected_doc), then the fencing token the
+#       leader key must hold ("": the write is not a leader's, nothing to check).
 COMMIT = """
 local fence = ARGV[#ARGV]
 if fence ~= '' and redis.call('GET', KEYS[#KEYS]) ~= fence then return 'fenced' end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if cur ~= tonumber(ARGV[1]) then return 'version' end
+local want = ARGV[#ARGV - 1]
+if want ~= '' and redis.sha1hex(redis.call('HGET', KEYS[1], 'doc') or '') ~= want then
+  return 'changed'
+end
 local nc, nr = tonumber(ARGV[12]), tonumber(ARGV[13])
 for i = 1, nc do
   local state = redis.call('HGET', KEYS[3 + 2 * i], 'state')

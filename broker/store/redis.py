@@ -34,6 +34,7 @@ node hash are authoritative over the copies inside its ``doc``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,7 @@ from broker.config import Config
 from broker.model import Instance, Job, Node
 from broker.security import seal
 from broker.state import ACTIVE, JobState
+from broker.store.budgets import budget_book
 from broker.store.redis_records import RedisRecords, _str
 from broker.store.transitions import Change
 
@@ -65,6 +67,7 @@ class RedisStore(RedisRecords):
                  prefix: str = "sw:", cache_size: int = 100_000) -> None:
         self._parsed: dict[str, tuple[bytes | str, Job]] = {}  # job id -> (doc, Job)
         self._read_instances: list[Instance] | None = None  # read with the last state
+        self._budget_read: tuple[Any, Any] | None = None  # the budget book's, likewise
         # per index: the last read's raw id -> version, its jobs and their order
         self._last_index: dict[str, tuple[dict[bytes, bytes], dict[bytes, Job],
                                           list[bytes]]] = {}
@@ -179,10 +182,13 @@ class RedisStore(RedisRecords):
         pipe.hgetall(self._k_usage)
         pipe.get(self._k_reservation)
         pipe.zrange(self._k_live, 0, -1)
+        budget_book(self).queue_committed(pipe)  # type: ignore[attr-defined]
         if cursor is not None:
             pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-",
                         count=5000)
-        pk, pv, ak, av, members, raw_usage, reservation, live, *rest = pipe.execute()
+        pk, pv, ak, av, members, raw_usage, reservation, live, caps, reserved, *rest = \
+            pipe.execute()
+        self._budget_read = (caps, reserved)
         raws = {"pending": self._index_raw(pk, pv), "active": self._index_raw(ak, av)}
         known = {w: self._index_known(w, raw) for w, raw in raws.items()}
         node_ids = [_str(m) for m in members]
@@ -222,6 +228,10 @@ class RedisStore(RedisRecords):
             more, cursor = self._read_runtimes(cursor)
             samples += more
         return pending, active, nodes, allocated, (usage, samples, cursor, res)
+
+    def _snapshot_budget_read(self) -> tuple[Any, Any] | None:
+        read, self._budget_read = self._budget_read, None
+        return read
 
     def _snapshot_instances(self) -> list[Instance]:
         read, self._read_instances = self._read_instances, None
@@ -278,6 +288,32 @@ class RedisStore(RedisRecords):
         return seal.seal_existing(self.redis, self.prefix, live, self.prefix + "spec-sealing",
                                   now)
 
+    def _start_copies(self, job_ids: Sequence[str]) -> list[tuple[Job | None, str]]:
+        """The copies parsed from the bytes this process last read or wrote (the snapshot's,
+        as a rule: no read), each proven in the commit by its document's SHA-1: a record
+        rewritten since, even without a new version, refuses the start (CHANGED) and is read
+        again by the next snapshot (:meth:`_forget`)."""
+        parsed = self._parsed
+        missing = [i for i in job_ids if i not in parsed]
+        if missing:
+            self._load(missing)
+        out: list[tuple[Job | None, str]] = []
+        for job_id in job_ids:
+            hit = parsed.get(job_id)
+            if hit is None:
+                out.append((None, ""))
+                continue
+            doc = hit[0] if isinstance(hit[0], bytes) else hit[0].encode()
+            out.append((hit[1], hashlib.sha1(doc, usedforsecurity=False).hexdigest()))
+        return out
+
+    def _forget(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            self._parsed.pop(job_id, None)
+            k = job_id.encode()
+            for raw, _, _ in self._last_index.values():
+                raw.pop(k, None)
+
     def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
         parsed = self._parsed
         return [None if (hit := parsed.get(i)) is None else hit[1] for i in job_ids]
@@ -302,6 +338,7 @@ class RedisStore(RedisRecords):
         ]
         args += [gpu for _, gpu in c.claim]
         args += [gpu for _, gpu in c.release]
+        args.append(c.expected_doc)
         args.append(self.fence_token() or "")
         return keys, args
 

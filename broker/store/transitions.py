@@ -27,6 +27,10 @@ class Change:
     claim: tuple[GpuKey, ...] = ()  # must be free; become owned by job:attempt
     release: tuple[GpuKey, ...] = ()  # freed when owned by ``release_owner``
     release_owner: str = ""
+    # the SHA-1 (hex) of the stored document this change was computed from, when the backend
+    # applies it to a copy it did not read again ("": not checked): the commit refuses it
+    # (CHANGED) if the record was rewritten meanwhile, even without a new version
+    expected_doc: str = ""
 
     @property
     def owner(self) -> str:

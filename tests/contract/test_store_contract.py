@@ -227,6 +227,37 @@ def test_apply_skips_a_start_whose_job_another_process_changed(
     assert scheduler.allocations(["n1"]) == {"n1": {}}
 
 
+def test_apply_refuses_a_copy_whose_record_was_rewritten_without_a_new_version(
+        redis_client: Any, redis_prefix: str) -> None:
+    """Redis: the start is applied to the snapshot's copy, proven by its document's SHA-1 in
+    the commit. A record rewritten in place with the same version (what a compromised agent
+    can do) refuses the start and writes nothing; the next snapshot reads the record as it is
+    now, and the start after it carries that document (for the agent's seal check), never the
+    older copy."""
+    import json
+
+    from broker.store.redis import RedisStore
+
+    scheduler = RedisStore(redis_client, None, prefix=redis_prefix)
+    live(scheduler, node())
+    job = scheduler.submit(spec(), T0)
+    assert [j.id for j in scheduler.snapshot(T0).pending] == [job.id]
+    key = f"{redis_prefix}job:{job.id}"
+    raw = json.loads(redis_client.hget(key, "doc"))
+    raw["spec"]["command"] = "echo REWRITTEN"
+    redis_client.hset(key, "doc", json.dumps(raw))  # the version stays
+    plan = Plan(starts=(start_of(job, ("n1", ["n1-g0"])),))
+    applied = scheduler.apply(plan, T0 + 1)
+    assert applied.started == () and applied.skipped == ((job.id, "changed"),)
+    assert scheduler.allocations(["n1"]) == {"n1": {}}
+    again = scheduler.snapshot(T0 + 2).pending
+    assert [j.spec.command for j in again] == ["echo REWRITTEN"]
+    applied = scheduler.apply(Plan(starts=(start_of(again[0], ("n1", ["n1-g0"])),)), T0 + 3)
+    assert [j.spec.command for j in applied.started] == ["echo REWRITTEN"]
+    stored = json.loads(redis_client.hget(key, "doc"))
+    assert stored["spec"]["command"] == "echo REWRITTEN" and stored["state"] == "STARTING"
+
+
 def test_apply_is_compare_and_set_on_the_version(store: BaseStore) -> None:
     live(store, node())
     job = store.submit(spec(), T0)

@@ -101,6 +101,7 @@ class FakeRuntime:
     config: Config
     store: MemoryStore
     celery: Recorder
+    outbox: commands.Outbox | None = None
 
 
 def runtime(config: Config | None = None) -> tuple[Runtime, FakeRuntime]:
@@ -156,3 +157,57 @@ def test_a_plan_without_cloud_work_applies_and_sends_starts() -> None:
     assert [j.id for j in applied.started] == [start.job_id]
     assert fake.celery.sent == [(commands.START_JOBS, [[[start.job_id, 1]]], "node.n1")]
 
+
+
+# -- the outbox (the leading scheduler's sends) ---------------------------------------------
+
+
+def test_the_outbox_sends_in_order_and_a_failed_send_does_not_stop_the_next() -> None:
+    box, sent = commands.Outbox(), []
+
+    def send(n: int) -> None:
+        if n == 2:
+            raise redis.ConnectionError("down")
+        sent.append(n)
+
+    for n in range(5):
+        box.post(send, n)
+    assert box.flush(timeout=10)
+    assert sent == [0, 1, 3, 4]
+    assert box.close(timeout=10)
+
+
+def test_the_outbox_flush_waits_for_a_send_in_progress() -> None:
+    import threading
+
+    box, gate, sent = commands.Outbox(), threading.Event(), []
+    box.post(lambda: (gate.wait(10), sent.append("slow")))
+    box.post(sent.append, "next")
+    assert not box.flush(timeout=0.05)  # the first send is held: nothing is done yet
+    gate.set()
+    assert box.flush(timeout=10) and sent == ["slow", "next"]
+    box.close()
+
+
+def test_with_an_outbox_the_starts_are_sent_by_it_after_the_store_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rt, fake = runtime()
+    fake.outbox = commands.Outbox()
+    seen: list[JobState] = []
+    real = commands.start_jobs
+
+    def start_jobs(celery: Celery, jobs: Any) -> int:
+        jobs = list(jobs)
+        seen.extend(fake.store.get(j.id).state for j in jobs)  # written before it is sent
+        return real(celery, jobs)
+
+    st = a_start(fake)
+    monkeypatch.setattr(commands, "start_jobs", start_jobs)
+    try:
+        applied = apply_plan(rt, Plan(starts=(st,)))
+        assert fake.outbox.flush(timeout=10)
+    finally:
+        fake.outbox.close()
+    assert [j.id for j in applied.started] == [st.job_id]
+    assert seen == [JobState.STARTING]
+    assert fake.celery.sent == [(commands.START_JOBS, [[[st.job_id, 1]]], "node.n1")]
