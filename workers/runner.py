@@ -33,7 +33,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int, int]  # (job id, attempt, rank)
 _POLL_S = 0.05  # exit polling period where pidfd_open is missing
 _REPORT_BATCH = 256  # reporter items taken at once
+_FORK_THREADS = 4  # a start batch's processes forked at once
 
 
 @dataclass(eq=False)
@@ -162,6 +163,7 @@ class Supervisor:
         self._pending_reports = 0
         self._idle = threading.Condition(self._lock)
         self._closing = False
+        self._fork_pool: ThreadPoolExecutor | None = None
         self._thread = threading.Thread(target=self._loop, name="spillway-supervisor",
                                         daemon=True)
         self._reporter = threading.Thread(target=self._report_loop, name="spillway-reporter",
@@ -241,6 +243,8 @@ class Supervisor:
         self.wait_idle(timeout)
         self._command(("quit",))
         self._thread.join(timeout)
+        if self._fork_pool is not None:
+            self._fork_pool.shutdown(wait=False)
         self._reports.put(None)
         self._reporter.join(timeout)
 
@@ -332,15 +336,39 @@ class Supervisor:
         return max(0.0, min(when) - time.monotonic()) if when else None
 
     def _do_spawn(self, launches: list[_Launch]) -> None:
-        for launch in launches:
-            try:
-                part = self._popen(launch)
-            except (OSError, ValueError) as e:  # ValueError: a NUL byte in argv or env
-                launch.future.set_exception(e)
+        """Fork the launches' processes, several at once (each fork waits until its child has
+        exec'd, which on a busy host means waiting for a core: one after another, a batch
+        waited that long per part), then watch them from this thread, in order."""
+        if len(launches) > 1:
+            forks = list(self._forker().map(self._capture(self._fork), launches))
+        else:
+            forks = [self._capture(self._fork)(launch) for launch in launches]
+        for launch, forked in zip(launches, forks):
+            if isinstance(forked, BaseException):  # OSError; ValueError: a NUL in argv or env
+                launch.future.set_exception(forked)
             else:
-                launch.future.set_result(part)
+                launch.future.set_result(self._watch(launch, *forked))
+
+    @staticmethod
+    def _capture(fn: Callable[[_Launch], Any]) -> Callable[[_Launch], Any]:
+        def call(launch: _Launch) -> Any:
+            try:
+                return fn(launch)
+            except (OSError, ValueError) as e:
+                return e
+        return call
+
+    def _forker(self) -> ThreadPoolExecutor:
+        """The threads that fork a batch's processes (made on first use)."""
+        if self._fork_pool is None:
+            self._fork_pool = ThreadPoolExecutor(_FORK_THREADS, "spillway-fork")
+        return self._fork_pool
 
     def _popen(self, launch: _Launch) -> RunningPart:
+        return self._watch(launch, *self._fork(launch))
+
+    def _fork(self, launch: _Launch) -> tuple[subprocess.Popen[bytes], int, int]:
+        """Start the part's process (any thread): the process and its output's read ends."""
         part = launch.part
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -356,7 +384,14 @@ class Supervisor:
         finally:
             os.close(out_w)
             os.close(err_w)
-        part._proc, part.pid, part.started_at = proc, proc.pid, self.clock()
+        part.started_at = self.clock()
+        return proc, out_r, err_r
+
+    def _watch(self, launch: _Launch, proc: subprocess.Popen[bytes], out_r: int, err_r: int
+               ) -> RunningPart:
+        """Watch a started part's exit, output and time limit (the supervisor thread)."""
+        part = launch.part
+        part._proc, part.pid = proc, proc.pid
         if part._box is not None:
             part._box.started(proc.pid)
         try:

@@ -332,6 +332,24 @@ def test_a_burst_of_spawns_all_start_and_exit(h: Harness) -> None:
     assert all(p.done.is_set() and p.exit_code == 0 and p.reason == "Exited" for p in parts)
 
 
+def test_a_batch_forked_at_once_keeps_its_order_and_fails_only_the_part_that_cannot_start(
+        h: Harness) -> None:
+    """A batch's processes are forked by several threads at once: each part gets its own
+    process and outcome, in the batch's order; a part whose process cannot be made (here a NUL
+    byte in its argv) fails alone (StartFailed), and the others run."""
+    jobs = [h.place((), command=c) for c in (["echo", "a"], ["echo", "b\x00"], ["echo", "c"],
+                                               ["echo", "d"])]
+    parts = h.sup.spawn_many([(j, 0, ()) for j in jobs], NODE)
+    assert [p.job_id for p in parts] == [j.id for j in jobs]
+    assert parts[1].start_error is not None and "null byte" in parts[1].start_error
+    assert h.store.get(jobs[1].id).state is JobState.FAILED
+    assert h.sup.wait_idle(30)
+    ok = [parts[i] for i in (0, 2, 3)]
+    assert all(p.start_error is None and p.exit_code == 0 for p in ok)
+    assert len({p.pid for p in ok}) == 3
+    assert [h.lines(jobs[i], "out") for i in (0, 2, 3)] == [["a"], ["c"], ["d"]]
+
+
 # -- the agent's decisions (workers/agent.py) against the same store ---------------------------
 
 
