@@ -168,9 +168,13 @@ class CloudRun:
             self.jobs_lost += len(lost)
 
     def _unlive(self, node_id: str) -> None:
+        """The node takes no new job: its GPUs leave ``sim.devices``, and those its jobs
+        still hold are counted in ``sim.busy_off`` until they leave (the engine compares the
+        busy GPUs of the nodes that take jobs with their devices)."""
         if node_id in self.live:
             self.live.discard(node_id)
             self.sim.devices -= len(self.sim.node_by_id[node_id].allocatable)
+            self.sim.busy_off += self.by_node[node_id].busy
 
     # -- jobs on cloud nodes --------------------------------------------------------------
 
@@ -182,6 +186,8 @@ class CloudRun:
             if inst is None:
                 continue
             self.sim.cloud_busy += sign * per
+            if nid not in self.live:
+                self.sim.busy_off += sign * per
             self.clouds.job_moved(inst, sign * per, now)
             if sign < 0 and not inst.record.ended and inst.node is not None:
                 if inst.busy < 0.5 * len(inst.node.allocatable):

@@ -124,7 +124,8 @@ class Simulation:
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.busy = 0
-        self.devices = sum(len(n.allocatable) for n in cluster.nodes)
+        self.devices = sum(len(n.allocatable) for n in cluster.nodes)  # on nodes taking jobs
+        self.busy_off = 0  # of ``busy``, GPUs on cloud nodes that take no new job (draining)
         may = {c.name for c in cluster.classes if c.may_preempt}
         quota = {t.name for t in cluster.teams if t.quota_gpus}
         evictors = self.policy.resolve("evict")
@@ -272,7 +273,8 @@ class Simulation:
         a job leaving can change it (``Plan.until_event``: strict FIFO, nothing evicts) is
         skipped too until a job ends or is evicted."""
         if not force and (self.queued_jobs == 0 or self._stuck
-                          or (self.busy >= self.devices and not self.preemptors)):
+                          or (self.busy - self.busy_off >= self.devices
+                              and not self.preemptors)):
             self._sample(now)
             return
         if self.budgets is not None:

@@ -148,3 +148,24 @@ def test_a_node_whose_jobs_are_done_drains_even_if_others_keep_it_busy() -> None
     assert ran == {"hi", "b1", "b2"}
     assert first.record.ended_at == max(r.end_s or 0 for r in res.records if r.id in ran)
     assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
+
+
+def test_a_gpu_freed_on_prem_is_used_while_a_draining_cloud_node_still_runs_a_job() -> None:
+    """The engine skips a cycle only when every GPU that takes jobs is busy. A draining cloud
+    node's GPUs take none, so its busy ones are not counted either: when an on-prem GPU frees
+    up while such a node still runs a job, the job waiting on-prem starts at once (before,
+    the busy GPUs of the draining node made the cluster look full, and it waited until they
+    left)."""
+    jobs = trace(tj("hog", 0, 10 * H, 3, priority="critical"),
+                 tj("short", 0, 1500, 1, priority="critical"),
+                 tj("hi", 10, H, 1, priority="critical"),  # bursts: nothing on-prem to take
+                 tj("lo", 1000, 600, 1, priority="low"))  # may not burst: waits on-prem
+    sim = Simulation(cluster(instance_types=["p3.16xlarge"]), jobs, "spillway")
+    res = sim.run()
+    assert sim.cloud is not None
+    (inst,) = sim.cloud.clouds.instances.values()
+    drained = next(h.time for h in inst.record.history if h.state.value == "DRAINING")
+    rec = {r.id: r for r in res.records}
+    assert drained < 1500 < (rec["hi"].end_s or 0)  # the 8-GPU node drains with hi on it
+    assert rec["lo"].first_start_s == 1500.0  # when short leaves its GPU
+    assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
