@@ -3,8 +3,10 @@
 Phase 5 of the cycle. For each job left pending, in queue order, whose class may burst and
 whose ``sites`` allow a cloud:
 
-1. A job that fits an instance still booting (launched by an earlier cycle) waits for it:
-   never two launches for one job.
+1. A job that an instance still booting was launched for (by an earlier cycle) waits for it,
+   and so does a one-node job that fits the room its own jobs leave there: never two
+   launches for one job. The jobs ahead of it do not count on its machine: once up, the
+   queue starts the jobs it was launched for there first (policies/queue.py).
 2. Its SLA target is its submission (or its return to the queue) plus its class's SLA. Its
    *decision time* is the target minus the slowest boot of the offers that could hold it minus
    ``margin_s``: until then it waits (``wake_at`` asks for a cycle then), since on-prem may

@@ -151,16 +151,30 @@ def offers_by_id(cycle: Cycle) -> dict[str, Offer]:
 
 def booting_bins(cycle: Cycle, boot_s: float) -> list[Bin]:
     """Instances requested or booting: capacity the queue can wait for instead of renting
-    more (the launches of earlier cycles)."""
+    more (the launches of earlier cycles). A machine is held for the jobs it was launched for
+    while they wait (their GPUs on it are taken, in ``jobs``): the queue places a machine that
+    comes up for its own jobs first (policies/queue.py), so a job ahead of them that counted
+    on it would find it taken, and the job it was rented for would rent again."""
     offers = offers_by_id(cycle)
+    waiting = {j.id: j for j in cycle.blocked}
+    held: dict[str, int] = {}  # job id -> machines held for it (a gang holds one a node)
     out = []
-    for inst in cycle.snap.instances:
+    for inst in sorted(cycle.snap.instances, key=lambda i: (i.requested_at, i.request_id,
+                                                            i.provider_id)):
         offer = offers.get(inst.offer_id)
         if inst.state not in BOOTING or offer is None:
             continue
         ready = inst.requested_at + float(offer.extra.get("boot_s", boot_s))
-        out.append(Bin(offer, offer.gpu_count, max(cycle.now, ready), cycle.now,
-                       request_id=inst.request_id))
+        b = Bin(offer, offer.gpu_count, max(cycle.now, ready), cycle.now,
+                request_id=inst.request_id)
+        for jid in inst.for_jobs:
+            job = waiting.get(jid)
+            if job is not None and held.get(jid, 0) < job.res.nodes \
+                    and b.free_gpus >= job.res.gpus and holds(offer, job):
+                b.free_gpus -= job.res.gpus
+                b.jobs.append(jid)
+                held[jid] = held.get(jid, 0) + 1
+        out.append(b)
     return out
 
 
@@ -179,7 +193,12 @@ def region_room(cycle: Cycle) -> dict[tuple[str, str], float]:
 
 
 def take_booting(bins: list[Bin], job: Job, cls: PriorityClass) -> Bin | None:
-    """A booting instance with room for ``job`` (one-node jobs), taking its GPUs."""
+    """The booting instance ``job`` waits for: one launched for it (held for it by
+    :func:`booting_bins`; a gang waits for its own), else, for a one-node job, one with
+    room left, taking its GPUs."""
+    own = [b for b in bins if job.id in b.jobs]
+    if own:
+        return min(own, key=lambda b: (b.ready_at, b.request_id))
     if job.res.nodes > 1:
         return None
     for b in sorted(bins, key=lambda b: (b.ready_at, b.request_id)):

@@ -10,13 +10,22 @@ will not need (the reservation's cap), or an evictor lets it use the reserved GP
 reservation is due (scavenging). Jobs of a request shape that already failed behind the head
 fail alike without another search.
 
+Machines rented for jobs serve them first: before the walk, a job that a cloud machine now
+up was launched for (``Instance.for_jobs``) starts there if it fits, whatever its place in
+the queue, and a gang still waiting for the rest of its machines keeps the GPUs of those up.
+Otherwise a job ahead of it takes the machine, the job it was rented for rents again, and so
+on down the queue until its SLA is lost (Slurm allocates a job the nodes it powers up, as
+SkyPilot and Kueue's provisioning requests bind theirs). Without instances nothing changes.
+
 Fast path, in the same loop: once the head is blocked and no GPU is free (or the order is
 strict), the rest of the queue waits in one step; only jobs that need no GPU are still tried.
 """
 
 from __future__ import annotations
 
-from broker.model import Allocation, Job, Reason
+from dataclasses import replace
+
+from broker.model import Allocation, InstanceState, Job, Reason
 from broker.model.fit import offer_could_hold
 from policies import reasons
 from policies.cycle import Cycle
@@ -28,6 +37,10 @@ def place_queue(cycle: Cycle) -> None:
     queue: list[Job] = cycle.queue  # type: ignore[attr-defined]
     for evictor in cycle.evictors:
         evictor.before_place(cycle)
+    if cycle.snap.instances:
+        served = own_machines_first(cycle, queue)
+        if served:
+            queue = [j for j in queue if j.id not in served]
     index, strict = cycle.index, cycle.reserver.strict
     failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
     head_blocked = False
@@ -66,6 +79,40 @@ def place_queue(cycle: Cycle) -> None:
                 evictor.head_blocked(cycle, job)
             continue
         failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
+
+
+def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
+    """Start each job of ``queue`` (in its order) on the cloud machines up now that were
+    launched for it, where it fits; a gang with some of its machines still booting keeps the
+    GPUs of those up (no other job starts there this cycle; it walks the queue as the
+    others). The ids started."""
+    mine: dict[str, list[str]] = {}  # job id -> nodes of ready machines launched for it
+    booting: set[str] = set()  # jobs with a machine launched for them still coming up
+    for inst in cycle.snap.instances:
+        if inst.state is InstanceState.READY and inst.node_id in cycle.index.nodes:
+            for jid in inst.for_jobs:
+                mine.setdefault(jid, []).append(inst.node_id)
+        elif inst.state in (InstanceState.REQUESTED, InstanceState.BOOTING):
+            booting.update(inst.for_jobs)
+    done: set[str] = set()
+    if not mine:
+        return done
+    index = cycle.index
+    for job in queue:
+        nodes = mine.get(job.id)
+        if nodes is None or cycle.admit(cycle, job) is not None:
+            continue
+        allocs = index.find(job.res, job.spec.sites, only=nodes)
+        if allocs is not None:
+            cycle.start(job, allocs, False)
+            done.add(job.id)
+        elif job.res.nodes > 1 and job.id in booting:
+            one = replace(job.res, nodes=1)
+            for nid in nodes[: job.res.nodes]:  # its nodes up so far: kept for it
+                part = index.find(one, job.spec.sites, only=(nid,))
+                if part is not None:
+                    index.take(part, one)
+    return done
 
 
 def _an_offer_holds(cycle: Cycle, job: Job) -> bool:
