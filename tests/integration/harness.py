@@ -1,5 +1,9 @@
 """A real Spillway cluster for integration tests: one scheduler process and N worker-agent
-processes with static inventories, on a real Redis database of its own."""
+processes with static inventories, on a real Redis database of its own.
+
+Under pytest-xdist each worker has a Redis server of its own (tests/conftest.py), but the host
+is shared: an agent that a test kills with SIGKILL needs a node id no other test uses, since its
+keeper then kills every job cgroup of that node id on the host."""
 
 from __future__ import annotations
 

@@ -156,8 +156,9 @@ def test_bad_input_names_the_field_and_submits_are_rate_limited(
     with pytest.raises(SpecError) as e:
         client._remote.call("POST", "/v1/jobs", {"spec": {"command": "x"}, "bogus": 1})
     assert [f.field for f in e.value.errors] == ["bogus"]
-    with pytest.raises(RateLimited, match="more than the 20"):
+    with pytest.raises(RateLimited, match="more than the 20") as limited:
         client.submit_many([{"command": "true"}] * (BURST + 1))
+    assert limited.value.retry_after == 0  # no Retry-After: waiting would not help
     assert len(client.submit_many([{"command": "true"}] * BURST)) == BURST
     with pytest.raises(RateLimited, match="retry in"):
         client.submit(command="true")

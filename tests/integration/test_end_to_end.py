@@ -100,21 +100,25 @@ def test_cancel_stops_the_whole_process_tree(cluster: Cluster, tmp_path: Path) -
 
 def test_killed_agent_jobs_are_requeued_and_finish_elsewhere(cluster: Cluster,
                                                               tmp_path: Path) -> None:
+    # the killed agent's node id is this test's own: its keeper kills every job cgroup of that
+    # node id on the host, which would take the jobs of another test's agent with the same id
+    # (pytest-xdist runs tests side by side)
+    doomed = "n1-killed"
     cluster.start_scheduler()
-    cluster.start_agent("n1", "2xA100-80GB")
+    cluster.start_agent(doomed, "2xA100-80GB")
     marks = tmp_path / "marks"
     marks.mkdir()
     script = (f'echo $$ > {marks}/$SPILLWAY_JOB_ID.$SPILLWAY_ATTEMPT.$SPILLWAY_NODE_ID; '
               '[ "$SPILLWAY_ATTEMPT" = 1 ] && sleep 120; echo done')  # (still running at the kill)
     jobs = [cluster.client.submit(command=script, gpus=1, name=f"victim-{i}") for i in range(2)]
     wait_until(lambda: all(cluster.client.get(j.id).state is JobState.RUNNING for j in jobs),
-               30, "both jobs running on n1")
-    first_pids = wait_until(lambda: sorted(marks.glob("*.1.n1")) if len(
-        list(marks.glob("*.1.n1"))) == 2 else None, 10, "pid marks")
+               30, f"both jobs running on {doomed}")
+    first_pids = wait_until(lambda: sorted(marks.glob(f"*.1.{doomed}")) if len(
+        list(marks.glob(f"*.1.{doomed}"))) == 2 else None, 10, "pid marks")
     pids = [int(p.read_text()) for p in first_pids]
     cluster.start_agent("n2", "2xA100-80GB")
     killed_at = time.time()
-    cluster.kill("n1", signal.SIGKILL)
+    cluster.kill(doomed, signal.SIGKILL)
     # the dead agent's job processes die with it (parent-death signal)
     wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "orphaned job processes to die")
     done = [cluster.client.wait(j.id, timeout=60) for j in jobs]

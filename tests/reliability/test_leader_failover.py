@@ -1,11 +1,13 @@
 """The leading scheduler killed with SIGKILL, five times in a row, while jobs flow.
 
-Two schedulers and two agents on a real Redis. Each round kills whichever scheduler leads at
-that moment (mid-cycle or between cycles, as it falls) and starts a fresh one, so two always
-run. Asserted: another scheduler leads within the lease and a fifth of it (the design bound,
-1.8 s with the defaults used here, under two cycle_s), every job succeeds with exactly one
-attempt (nothing started twice, nothing lost), no GPU is held by two jobs at once, and a
-killed scheduler leaves no process behind (it has none: no Celery worker, no beat).
+Two schedulers and two agents on a real Redis, 120 short jobs (a fifth submitted at each
+round). Each round kills whichever scheduler leads at that moment (mid-cycle or between
+cycles, as it falls) and starts a fresh one, so two always run (the next round waits for the
+fresh one to reach Redis). Asserted: another scheduler leads within the lease and a fifth of
+it (the design bound, 1.8 s with the defaults used here, under two cycle_s), every job
+succeeds with exactly one attempt (nothing started twice, nothing lost), no GPU is held by two
+jobs at once, and a killed scheduler leaves no process behind (it has none: no Celery worker,
+no beat).
 
 The takeover times are printed (``pytest -s``) for the notes.
 """
@@ -16,6 +18,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -51,6 +54,17 @@ def _other_leader(cluster: Cluster, old: str) -> tuple[str, int] | None:
     return now if now is not None and now[0] != old else None
 
 
+def _reaches_redis(cluster: Cluster, name: str) -> bool:
+    """Has process ``name`` a connection to the cluster's Redis (started, not importing)?"""
+    port = urlsplit(cluster.url).port
+    try:
+        conns = psutil.Process(cluster.procs[name].pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in conns)
+
+
 def _all_finished(cluster: Cluster, ids: list[str]) -> list[Job] | None:
     finals = [cluster.client.get(i) for i in ids]
     return finals if all(j.state in TERMINAL for j in finals) else None
@@ -61,12 +75,15 @@ def test_the_leader_killed_five_times_loses_and_doubles_nothing(cluster: Cluster
     cluster._spawn("sched-1", "scheduler")
     cluster.start_agent("n1", "4xA100-80GB")
     cluster.start_agent("n2", "4xA100-80GB")
-    jobs = cluster.client.submit_many([JobSpec(command=["sleep", "0.4"], gpus=1, name=f"f{i}")
-                                       for i in range(120)])
+    for name in ("sched-0", "sched-1"):
+        wait_until(lambda n=name: _reaches_redis(cluster, n), 60, f"{name} to reach Redis")
+    jobs: list[Job] = []
     takeovers: list[float] = []
     spawned = 2
-    for _ in range(KILLS):
-        # kill the leader while jobs are flowing
+    for kill in range(KILLS):
+        # kill the leader while jobs are flowing: 120 jobs in all, a fifth before each kill
+        jobs += cluster.client.submit_many([JobSpec(command=["sleep", "0.4"], gpus=1,
+                                                    name=f"f{kill * 24 + i}") for i in range(24)])
         wait_until(lambda: any(j.state is JobState.RUNNING for j in cluster.client.list()),
                    30, "jobs to run")
         token, pid = wait_until(lambda: leader_pid(cluster), 30, "a leader")
@@ -79,6 +96,10 @@ def test_the_leader_killed_five_times_loses_and_doubles_nothing(cluster: Cluster
         takeovers.append(time.monotonic() - t0)
         assert new[1] != pid
         cluster._spawn(f"sched-{spawned}", "scheduler")  # two run again
+        # the takeover measured is the lease's, from a standby already up: on a loaded machine
+        # a new scheduler takes seconds to import, which the next kill must not wait out
+        wait_until(lambda n=f"sched-{spawned}": _reaches_redis(cluster, n), 60,
+                   f"sched-{spawned} to reach Redis")
         spawned += 1
     print(f"takeover after SIGKILL of the leader, s: {[round(t, 2) for t in takeovers]}")
     assert max(takeovers) <= LEASE_S * 1.2 + 0.5, takeovers  # the bound, with process slack

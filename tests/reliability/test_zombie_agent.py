@@ -29,15 +29,20 @@ def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def test_a_zombie_agents_stale_reports_are_refused(cluster: Cluster, tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
+    marker, go = tmp_path / "ran", tmp_path / "go"
     cluster.start_scheduler()
     cluster.start_agent("n1", "2xA100-80GB")
+    # each attempt's 3 s start once the agent is frozen (``go``), however long n2 takes to
+    # start: attempt 1 must not finish before the cut (its deadline: 30 s)
     job = cluster.client.submit(JobSpec(
-        command=f"echo $SPILLWAY_NODE_ID >> {marker}; sleep 3", gpus=2, name="z"))
+        command=f"echo $SPILLWAY_NODE_ID >> {marker}; "
+                f"for _ in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done; sleep 3",
+        gpus=2, name="z"))
     wait_until(lambda: cluster.client.get(job.id).state is JobState.RUNNING, 30, "it to run")
     cluster.start_agent("n2", "2xA100-80GB")
     zombie = cluster.procs["n1"]
     zombie.send_signal(signal.SIGSTOP)  # cut off: no heartbeat, no reports
+    go.touch()
     moved = wait_until(lambda: (j := cluster.client.get(job.id)).attempt == 2
                        and j.state is JobState.RUNNING and j, 30, "attempt 2 to run on n2")
     assert moved.allocations[0].node_id == "n2"

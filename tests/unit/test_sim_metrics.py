@@ -276,9 +276,9 @@ def test_sixty_thousand_records_fast() -> None:
     records = [rec(f"j{i}", i, i + (i % 97), 60 + i % 500, team=f"t{i % 40}",
                    cls=("high", "normal", "low")[i % 3]) for i in range(60_000)]
     samples = [Sample(float(i), i % 64, i % 5, i % 7) for i in range(200_000)]
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the tests share the machine's cores (pytest-xdist)
     m = run(records, samples, cap=64)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     assert m["finished"] == 60_000
 
 
