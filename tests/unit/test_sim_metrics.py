@@ -270,16 +270,16 @@ def test_extra_meta_rounding_and_json() -> None:
     json.loads(json.dumps(m, allow_nan=False))
 
 
-def test_sixty_thousand_records_fast() -> None:
-    import time
-
+def test_sixty_thousand_records() -> None:
+    """A two-month run's size: every record counted, the mean wait exact (how fast this is is
+    `spillway simulate`'s wall_s, not a timed assertion here)."""
     records = [rec(f"j{i}", i, i + (i % 97), 60 + i % 500, team=f"t{i % 40}",
                    cls=("high", "normal", "low")[i % 3]) for i in range(60_000)]
     samples = [Sample(float(i), i % 64, i % 5, i % 7) for i in range(200_000)]
-    t0 = time.process_time()  # CPU time: the tests share the machine's cores (pytest-xdist)
     m = run(records, samples, cap=64)
-    assert time.process_time() - t0 < 1.0
     assert m["finished"] == 60_000
+    assert m["wait_mean_s"] == pytest.approx(sum(i % 97 for i in range(60_000)) / 60_000,
+                                             abs=0.05)  # (rounded to 0.1 s)
 
 
 # --------------------------------------------------------------------------- table
