@@ -170,7 +170,8 @@ _OTHER_VARS = frozenset({"SPILLWAY_CONFIG", "SPILLWAY_DEFAULTS", "SPILLWAY_AGENT
                          "SPILLWAY_JOB_ID", "SPILLWAY_NODE_ID", "SPILLWAY_NODE_RANK",
                          "SPILLWAY_NUM_NODES", "SPILLWAY_ATTEMPT", "SPILLWAY_RESUME",
                          "SPILLWAY_CHECKPOINT_DIR", "SPILLWAY_SCRATCH_DIR",
-                         "SPILLWAY_INSTANCE_ID", "SPILLWAY_METADATA_URL"})
+                         "SPILLWAY_INSTANCE_ID", "SPILLWAY_METADATA_URL",
+                         "SPILLWAY_CGROUP_PARENT"})
 
 
 def _misspelt(var: str) -> bool:

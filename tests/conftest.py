@@ -226,7 +226,13 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """(on a pytest-xdist worker) The controller's COLUMNS and LINES, or none."""
+    """(on a pytest-xdist worker) The controller's COLUMNS and LINES, or none; and a parent
+    cgroup of the worker's own (workers/cgroupfs.py parent_name): the workers' agents reuse
+    node ids (n1, ...), and an agent that starts removes the empty job cgroups of its node id,
+    which would take another worker's part between its cgroup's making and its fork."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        os.environ["SPILLWAY_CGROUP_PARENT"] = f"spillway-test-{worker}"
     given = getattr(config, "workerinput", {}).get("spillway_terminal")
     for var, value in (given or {}).items():
         if value is None:

@@ -32,17 +32,34 @@ read = keeper._read  # (a file's text, or "" when it cannot be read)
 write = keeper.write  # (OSError if it cannot)
 
 
+PARENT_VAR = "SPILLWAY_CGROUP_PARENT"
+
+
+def parent_name() -> str:
+    """The cgroup under each hierarchy (v1) or the root (v2) that holds this host's Spillway
+    node cgroups: ``spillway``, or ``$SPILLWAY_CGROUP_PARENT`` where agents of two clusters
+    with the same node ids share a host (and the test suite's parallel workers). An agent
+    removes the empty job cgroups of its node id when it starts, so they must not share it."""
+    name = os.environ.get(PARENT_VAR, "") or "spillway"
+    if name in (".", "..") or not name.replace("-", "").replace("_", "").replace(".", "")\
+            .isalnum():
+        raise OSError(f"{PARENT_VAR}={name!r}: a cgroup name is letters, digits, '-', '_' "
+                      "and '.'")
+    return name
+
+
 # -- v1 --------------------------------------------------------------------------------------
 
 
 def make_v1(root: str, node: str) -> list[str]:
-    """``<root>/<c>/spillway/<node>`` for each v1 controller; OSError saying what is missing."""
+    """``<root>/<c>/spillway/<node>`` for each v1 controller (:func:`parent_name`); OSError
+    saying what is missing."""
     dirs = []
     for c in keeper.V1_CONTROLLERS:
         h = os.path.join(root, c)
         if not os.path.exists(os.path.join(h, "cgroup.procs")):
             raise OSError(f"the {c} hierarchy is not mounted at {h}")
-        d = os.path.join(h, "spillway", node)
+        d = os.path.join(h, parent_name(), node)
         try:
             os.makedirs(d, exist_ok=True)
         except OSError as e:
@@ -143,7 +160,7 @@ def make_v2(root: str, node: str, controllers: tuple[str, ...] = V2_CONTROLLERS)
     if top == base:
         return _make_delegated(base, controllers)
     path = root
-    for part in ("spillway", node):
+    for part in (parent_name(), node):
         enable(path, controllers)
         path = os.path.join(path, part)
         os.makedirs(path, exist_ok=True)

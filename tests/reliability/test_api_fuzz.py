@@ -20,7 +20,8 @@ from broker.config import Config
 from broker.tokens import TokenStore
 from tests.conftest import flushed_db
 
-pytestmark = pytest.mark.slow
+# one worker runs the whole module: the last test counts what the others saw (SEEN)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api_fuzz")]
 
 DB = 2  # this module's own database on the session's Redis (test_api_tokens shares it)
 

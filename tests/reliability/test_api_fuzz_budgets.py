@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from tests.reliability import test_api_fuzz as fuzz
 
-pytestmark = pytest.mark.slow
+# one worker runs the whole module: the last test counts what the others saw (SEEN)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api_fuzz_budgets")]
 
 app_and_tokens = fuzz.app_and_tokens  # (that module's app on its database, a token per role)
 

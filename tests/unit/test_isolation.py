@@ -19,7 +19,7 @@ from broker.config import Config, load_config
 from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
-from workers import keeper
+from workers import cgroupfs, keeper
 from workers.agent import Agent
 from workers.isolation import Isolation, JobBox, Keeper, detect
 from workers.runner import RunningPart, Supervisor
@@ -186,7 +186,8 @@ def test_jobs_in_cgroups_need_no_parent_death_signal_while_a_keeper_lives(
 
         cgroup, signal_ = run()
         assert signal_ == "0"
-        assert f"/spillway/{os.path.basename(v1.node_dirs[0])}/" in cgroup  # its job cgroup
+        node = os.path.basename(v1.node_dirs[0])
+        assert f"/{cgroupfs.parent_name()}/{node}/" in cgroup  # its job cgroup
         keep.proc.kill()
         keep.proc.wait(5)
         assert not v1.kept() and run()[1] == "9"  # SIGKILL on the agent's death, as without
@@ -259,9 +260,9 @@ def test_v2_paths_against_a_fake_cgroupfs(tmp_path: Path) -> None:
     fake_v2(root)
     iso = detect("node/1", str(tmp_path / "agent"), pids_max=99, v2_root=str(root))
     assert iso.kind == "v2"
-    node = root / "spillway" / "node_1"
+    node = root / cgroupfs.parent_name() / "node_1"
     assert iso.node_dirs == [str(node)]
-    for d in (root, root / "spillway", node):
+    for d in (root, root / cgroupfs.parent_name(), node):
         assert (d / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     box = iso.box("j", 3, 1, memory_gb=2, cpus=0.5)
     job = node / "j-3-1"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import keeper
+from workers import cgroupfs, keeper
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -131,7 +131,7 @@ def test_v2_membership_kill_and_keeper_on_a_real_mount(home: Path, tmp_path: Pat
     assert ROOT is not None
     node = f"v2-{uuid.uuid4().hex[:8]}"
     out = run_child(home, node, tmp_path / "agent")
-    node_dir = os.path.join(ROOT, "spillway", node)
+    node_dir = os.path.join(ROOT, cgroupfs.parent_name(), node)
     try:
         assert out["kind"] == "v2" and out["node_dirs"] == [node_dir]  # not delegated: /spillway
         assert out["job_dir"] == os.path.join(node_dir, "j-1-0")
