@@ -293,10 +293,10 @@ class RedisStore(RedisRecords):
         as a rule: no read), each proven in the commit by its document's SHA-1: a record
         rewritten since, even without a new version, refuses the start (CHANGED) and is read
         again by the next snapshot (:meth:`_forget`)."""
-        parsed = self._parsed
-        missing = [i for i in job_ids if i not in parsed]
+        missing = [i for i in job_ids if i not in self._parsed]
         if missing:
             self._load(missing)
+        parsed = self._parsed  # (after the read: a full cache starts a new dict)
         out: list[tuple[Job | None, str]] = []
         for job_id in job_ids:
             hit = parsed.get(job_id)
