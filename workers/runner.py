@@ -364,9 +364,6 @@ class Supervisor:
             self._fork_pool = ThreadPoolExecutor(_FORK_THREADS, "spillway-fork")
         return self._fork_pool
 
-    def _popen(self, launch: _Launch) -> RunningPart:
-        return self._watch(launch, *self._fork(launch))
-
     def _fork(self, launch: _Launch) -> tuple[subprocess.Popen[bytes], int, int]:
         """Start the part's process (any thread): the process and its output's read ends."""
         part = launch.part
