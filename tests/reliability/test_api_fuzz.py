@@ -20,8 +20,7 @@ from broker.config import Config
 from broker.tokens import TokenStore
 from tests.conftest import flushed_db
 
-# one worker runs the whole module: its end counts what the test saw (SEEN)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api_fuzz")]
+pytestmark = pytest.mark.slow
 
 DB = 2  # this module's own database on the session's Redis (test_api_tokens shares it)
 
