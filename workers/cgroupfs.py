@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 
 from workers import keeper
 
@@ -41,8 +42,7 @@ def parent_name() -> str:
     with the same node ids share a host (and the test suite's parallel workers). An agent
     removes the empty job cgroups of its node id when it starts, so they must not share it."""
     name = os.environ.get(PARENT_VAR, "") or "spillway"
-    if name in (".", "..") or not name.replace("-", "").replace("_", "").replace(".", "")\
-            .isalnum():
+    if name in (".", "..") or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise OSError(f"{PARENT_VAR}={name!r}: a cgroup name is letters, digits, '-', '_' "
                       "and '.'")
     return name

