@@ -29,6 +29,7 @@ from broker.model import Allocation, InstanceState, Job, Reason
 from broker.model.fit import offer_could_hold
 from policies import reasons
 from policies.cycle import Cycle
+from policies.offers import BOOTING
 from policies.registry import register
 
 
@@ -92,7 +93,7 @@ def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
         if inst.state is InstanceState.READY and inst.node_id in cycle.index.nodes:
             for jid in inst.for_jobs:
                 mine.setdefault(jid, []).append(inst.node_id)
-        elif inst.state in (InstanceState.REQUESTED, InstanceState.BOOTING):
+        elif inst.state in BOOTING:
             booting.update(inst.for_jobs)
     done: set[str] = set()
     if not mine:
