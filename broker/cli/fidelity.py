@@ -56,7 +56,11 @@ def summary(data: dict[str, Any]) -> str:
     lines.append(f"load: dispatch p50/p95/p99 {_num(dl['p50'])}/{_num(dl['p95'])}/"
                  f"{_num(dl['p99'])} s; redis {load['redis_used_memory_mb']['max']} MB; "
                  f"machine load {load['machine_load_1m']['start']} -> "
-                 f"{load['machine_load_1m']['end']}")
+                 f"{load['machine_load_1m']['end']}; submit lag max "
+                 f"{_num(load['submit_lag_s']['max'])} s")
+    if not data.get("real_kept_up", True):
+        lines.append("the real run did not keep up with the replay (a job did not run, or was "
+                     "submitted more than a scheduling period late): compare at a smaller K")
     lines.append("most divergent jobs:")
     for row in pj["divergent"][:5]:
         lines.append(f"  {row['id']}  {row['delta_s']:+.0f} s  {row['reason']}")

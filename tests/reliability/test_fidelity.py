@@ -20,9 +20,10 @@ from broker.sim.run import SimRequest
 
 START, END, LOAD_SCALE = "2017-10-12T00:00", "2017-10-12T02:00", 3.0
 K = 100.0  # the largest K that kept every run within the bounds on a loaded 2-core machine
-# The comparison needs a real run that kept up with the replay. Where the machine is too busy
-# for that at K (the suite's other workers share its cores), the same run is made again at
-# the next, slower K; the agreement bounds are the same at every K.
+# The comparison needs a real run that kept up with the replay (`real_kept_up`: every job
+# ran, none submitted more than a scheduling period late). Where the machine is too busy for
+# that at K (the suite's other workers share its cores), the same run is made again at the
+# next, slower K; the agreement bounds are the same at every K.
 SLOWER_K = (K, 50.0)
 BOUND = 0.05
 
@@ -34,7 +35,7 @@ def _run(policy: str, workdir: Path) -> dict[str, Any]:
                               time_scale=k, workdir=workdir / f"k{k:g}")
         data, _ = run_fidelity(req)
         print(summary(data))  # shown when the test fails
-        if data["real_all_started"]:
+        if data["real_kept_up"]:
             break
     return data
 
@@ -45,7 +46,7 @@ def test_the_simulator_agrees_with_the_real_system(tmp_path: Path) -> None:
     runs = {p: _run(p, tmp_path / p) for p in ("spillway", "slurm-like")}
     for policy, data in runs.items():
         assert data["jobs"] >= 300 and data["agents"] >= 20
-        assert data["real_all_started"], \
+        assert data["real_kept_up"], \
             f"{policy}: the real run did not keep up, even at K={data['time_scale']:g}"
         for key in ("wait_mean_s", "busy_utilization"):
             d = data["diff"][key]

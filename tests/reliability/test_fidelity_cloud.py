@@ -124,20 +124,25 @@ def test_the_cloud_delays_move_readiness_and_release_and_are_off_by_default() ->
 COST_BOUND = 0.30  # relative, real against the simulator with the measured delays
 BURSTS_BOUND = 0.25  # relative, and one machine either way at least (a handful are rented)
 K = 100.0  # the on-prem runs' K: under load a larger K magnifies the delays (docs/fidelity.md)
+SLOWER_K = (K, 50.0, 25.0)  # as in test_fidelity.py: again, slower, if it fell behind
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> None:
-    req = FidelityRequest(SimRequest(trace="philly", cluster=str(CLUSTER),
-                                     policies=("spillway",), start="2017-10-12T00:30",
-                                     end="2017-10-12T00:50", load_scale=3.0),
-                          time_scale=K, workdir=tmp_path)
-    data, _ = run_fidelity(req)
     from broker.cli.fidelity import summary
 
-    print(summary(data))  # shown when the test fails
-    assert data["real_all_started"]
+    for k in SLOWER_K:
+        workdir = tmp_path / f"k{k:g}"
+        req = FidelityRequest(SimRequest(trace="philly", cluster=str(CLUSTER),
+                                         policies=("spillway",), start="2017-10-12T00:30",
+                                         end="2017-10-12T00:50", load_scale=3.0),
+                              time_scale=k, workdir=workdir)
+        data, _ = run_fidelity(req)
+        print(summary(data))  # shown when the test fails
+        if data["real_kept_up"]:
+            break
+    assert data["real_kept_up"], f"the real run did not keep up, even at K={k:g}"
     assert data["real"]["bursts"] >= 2 and data["sim"]["bursts"] >= 2, "no burst to compare"
     d = data["diff"]["cloud_cost_usd"]
     assert d is not None and abs(d) <= COST_BOUND, \
@@ -147,7 +152,9 @@ def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> Non
     assert abs(real - sim) <= max(1, BURSTS_BOUND * sim), f"bursts: real {real} vs sim {sim}"
     site = data["per_job"]["site"]
     assert site["on_cloud_real"] > 0 and site["on_cloud_sim"] > 0
-    assert not list((tmp_path / "cloud" / fc.CLUSTER_NAME).glob("*.json")), \
+    machines = workdir / "cloud" / fc.CLUSTER_NAME  # the local providers' machine records
+    assert machines.is_dir()
+    assert not list(machines.glob("*.json")), \
         "a rented machine was left running"
 
 
