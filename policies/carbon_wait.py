@@ -17,7 +17,8 @@ The window, from the forecast of that zone (``Snapshot.carbon_forecast``):
   back): the consecutive run with the lowest forecast emissions (policies/carbon_window.py);
 - it must start by its deadline minus its predicted runtime, and within ``sla_share`` of its
   class SLA (default 0.5: half of the SLA is left as a margin for a full cluster at the
-  planned start);
+  planned start); with ``pause`` a job with a deadline plans its runs to end the same margin
+  before its deadline (it wins its GPUs back only when the queue gives them);
 - it waits only if that saves at least ``min_saving`` of the forecast emissions of running
   now (``carbon`` settings, shared with the defer policy) and, when the objective has a carbon
   price (policies/objective.py), if what it saves is worth more than ``wait_usd_per_gpu_hour``
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from broker.model import Job
+from broker.model import Job, PriorityClass
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import reasons
@@ -119,6 +120,13 @@ def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
         start_by = min(start_by, job.submitted_at + float(w["sla_share"]) * cls.sla_s)
         if not pause:
             latest_end = min(latest_end, start_by + work)
+    if pause and job.spec.deadline is not None and cls is not None:
+        # A paused job gets its GPUs back only when the queue gives them: keep the margin
+        # before its deadline that :func:`out_of_slack` keeps, so that it is out of slack (and
+        # ahead of the jobs that may not preempt) by the end of its plan, with that margin left
+        # to win GPUs. Planned to its deadline, a job whose last clean hours many others had
+        # chosen too found the cluster full and ended late.
+        latest_end = min(latest_end, job.spec.deadline - slack_margin(cycle, cls))
     if pause:
         left, latest_end = within_forecast(cycle.now, left, latest_end, horizon)
     d = plan(forecast, cycle.now, left, latest_end, start_by, interruptible=pause,
@@ -273,6 +281,12 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     return head + keep + late + (flex + other if clean else other + flex)
 
 
+def slack_margin(cycle: Cycle, cls: PriorityClass) -> float:
+    """The margin a deferrable job of ``cls`` keeps for a full cluster: ``sla_share`` of its
+    class SLA, before the latest start of its first run and before its deadline."""
+    return float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
+
+
 def out_of_slack(cycle: Cycle, job: Job) -> bool:
     """May a deferrable job wait no longer? Not started yet and waited ``sla_share`` of its
     class SLA (the latest start a carbon wait plans), or, with a deadline, less slack left
@@ -284,7 +298,7 @@ def out_of_slack(cycle: Cycle, job: Job) -> bool:
     cls = cycle.snap.class_by_name.get(job.priority)
     if cls is None:
         return False
-    margin = float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
+    margin = slack_margin(cycle, cls)
     if not job.attempts and cycle.now - job.submitted_at >= margin:
         return True
     if job.spec.deadline is None:

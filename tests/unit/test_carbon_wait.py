@@ -120,6 +120,11 @@ def test_simulated_deadlines(factor: float, cls: Any, want: float | None) -> Non
     (1, 40 * H, True),  # a dirty peak now, clean hours at 06:00 and time to spare: it pauses
     (0, 40 * H, False),  # pausing off: it runs on
     (1, 5 * H, False),  # its limit (4 h) leaves no slack before the deadline: it runs on
+    # its limit's 4 h to plan, clean hours 06:00-14:00, its deadline at 14:00: it could pause
+    # until 06:00 and end at 10:00, but that is within the margin it keeps before its deadline
+    # (half the low class's SLA, 12 h: it must end by 02:00): it runs on
+    (1, 14 * H, False),
+    (1, 22 * H, True),  # deadline 22:00: it must end by 10:00, and pauses until 06:00
 ])
 def test_a_running_job_pauses_through_a_dirty_peak(pause: int, deadline: float,
                                                    paused: bool) -> None:
