@@ -17,8 +17,9 @@ The window, from the forecast of that zone (``Snapshot.carbon_forecast``):
   back): the consecutive run with the lowest forecast emissions (policies/carbon_window.py);
 - it must start by its deadline minus its predicted runtime, and within ``sla_share`` of its
   class SLA (default 0.5: half of the SLA is left as a margin for a full cluster at the
-  planned start); with ``pause`` a job with a deadline plans its runs to end the same margin
-  before its deadline (it wins its GPUs back only when the queue gives them);
+  planned start); with ``pause`` a job with a deadline plans its runs to end
+  ``deadline_share`` of its class SLA before its deadline (default 0.5: a paused job wins
+  its GPUs back only when the queue gives them);
 - it waits only if that saves at least ``min_saving`` of the forecast emissions of running
   now (``carbon`` settings, shared with the defer policy) and, when the objective has a carbon
   price (policies/objective.py), if what it saves is worth more than ``wait_usd_per_gpu_hour``
@@ -60,6 +61,8 @@ WAIT_DEFAULTS: dict[str, float] = {
     "clean_quantile": 0.33,  # spillway-carbon's order: clean while now is at or below this
     # quantile of the forecast over the next day
     "sla_share": 0.5,  # plan a start within this share of the class SLA
+    "deadline_share": 0.5,  # with pause: plan to end this share of the class SLA before a
+    # deadline (the margin a paused job keeps to win its GPUs back)
     "wait_usd_per_gpu_hour": 0.0,  # with a carbon price: what an hour of waiting costs
     "pause": 0.0,  # 1: a checkpointed job plans to pause through dirty peaks (with the
     # carbon defer role, which pauses running jobs, policies/defer.py)
@@ -126,7 +129,7 @@ def planned(cycle: Cycle, job: Job, zone: str) -> Deferral | None:
         # ahead of the jobs that may not preempt) by the end of its plan, with that margin left
         # to win GPUs. Planned to its deadline, a job whose last clean hours many others had
         # chosen too found the cluster full and ended late.
-        latest_end = min(latest_end, job.spec.deadline - slack_margin(cycle, cls))
+        latest_end = min(latest_end, job.spec.deadline - deadline_margin(cycle, cls))
     if pause:
         left, latest_end = within_forecast(cycle.now, left, latest_end, horizon)
     d = plan(forecast, cycle.now, left, latest_end, start_by, interruptible=pause,
@@ -281,16 +284,17 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     return head + keep + late + (flex + other if clean else other + flex)
 
 
-def slack_margin(cycle: Cycle, cls: PriorityClass) -> float:
-    """The margin a deferrable job of ``cls`` keeps for a full cluster: ``sla_share`` of its
-    class SLA, before the latest start of its first run and before its deadline."""
-    return float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
+def deadline_margin(cycle: Cycle, cls: PriorityClass) -> float:
+    """The margin a deferrable job of ``cls`` keeps before its deadline for a full cluster:
+    ``deadline_share`` of its class SLA."""
+    return float(cycle.settings("carbon-wait")["deadline_share"]) * cls.sla_s
 
 
 def out_of_slack(cycle: Cycle, job: Job) -> bool:
     """May a deferrable job wait no longer? Not started yet and waited ``sla_share`` of its
     class SLA (the latest start a carbon wait plans), or, with a deadline, less slack left
-    (deadline - now - what is left of its time limit) than ``sla_share`` of its class SLA.
+    (deadline - now - what is left of its time limit) than ``deadline_share`` of its class
+    SLA (the margin a pausing plan keeps: it is out of slack by the end of its plan).
     Such a job goes ahead of the other jobs that may not preempt, clean hours or dirty: one
     that waited for a window, or paused, and found the GPUs taken would otherwise lose its
     SLA or its deadline behind them (the reservation of the queue's head then holds GPUs for
@@ -298,11 +302,11 @@ def out_of_slack(cycle: Cycle, job: Job) -> bool:
     cls = cycle.snap.class_by_name.get(job.priority)
     if cls is None:
         return False
-    margin = slack_margin(cycle, cls)
+    margin = float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
     if not job.attempts and cycle.now - job.submitted_at >= margin:
         return True
     if job.spec.deadline is None:
         return False
     limit = float(job.spec.time_limit or cycle.estimate(job))
     left = max(0.0, limit - done_s(job, cycle.now))
-    return job.spec.deadline - cycle.now - left < margin
+    return job.spec.deadline - cycle.now - left < deadline_margin(cycle, cls)
