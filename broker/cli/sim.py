@@ -136,5 +136,7 @@ def simulate(
         # blocks of columns that fit the terminal; whole rows, one a policy, in a pipe
         out.print(summary_table([r.metrics for r in results], width=table_width()),
                   markup=False, soft_wrap=True)
+    for note in dict.fromkeys(n for r in results for n in r.metrics.get("cloud_notes", [])):
+        err.print(f"warning: {note}", markup=False, soft_wrap=True)
     if any(r.metrics.get("invariant_violations") for r in results):
         raise typer.Exit(1)

@@ -190,6 +190,7 @@ class Clouds:
         catalog = load_catalog(spec.catalog)
         self.notes: list[str] = []
         self.zones: dict[tuple[str, str], _Zone] = {}
+        self._missing: set[tuple[str, str]] = set()  # zones whose trace was not found
         self.base_offers: list[tuple[Offer, CloudSite]] = []
         for site in spec.sites:
             self._load_site(site, catalog, seed)
@@ -224,9 +225,10 @@ class Clouds:
         rel = site.availability.get(zone)
         folder = self.spec.spot_traces
         if rel is None or folder is None or not (Path(folder) / rel).is_file():
-            if rel is not None:
+            if rel is not None and key not in self._missing:  # (one note per zone)
+                self._missing.add(key)
                 self.notes.append(f"spot trace {rel} for {site.provider}:{zone} not found "
-                                  f"under {folder}: no interruptions there")
+                                  f"under {folder}: spot is always there, no interruptions")
             return None
         doc = json.loads((Path(folder) / rel).read_text(encoding="utf-8"))
         avail = tuple(not bool(v) for v in doc["data"])

@@ -203,3 +203,23 @@ def test_progress_drawn_only_on_a_terminal(files: tuple[Path, Path],
     assert "sim 1970-01-01" in drawn  # the CSV's submit times start at epoch 0
     last = [ln for ln in drawn.splitlines() if "done in" in ln][-1]
     assert len(last.strip()) <= 80
+
+
+def test_a_missing_spot_trace_is_a_warning_once_per_zone(files: tuple[Path, Path],
+                                                        tmp_path: Path) -> None:
+    """A cloud site whose spot availability trace is not found replays no interruptions;
+    the run says so on stderr, once per zone (a run made from a checkout with no ../shared
+    beside it otherwise looks like one with spot always there)."""
+    cluster, trace = files
+    cluster.write_text(CLUSTER + f"""
+cloud:
+  spot_traces: {tmp_path / "no-such-folder"}
+  sites:
+    - {{provider: aws, region: us-east-1, zones: [us-east-1c], instance_types: [p3.2xlarge],
+       markets: [spot, ondemand], availability: {{us-east-1c: x/us-east-1c_v100_1.json}}}}
+""")
+    code, text = run("--trace", str(trace), "--cluster", str(cluster), "--policy", "spillway")
+    assert code == 0, text
+    warned = [line for line in text.splitlines() if line.startswith("warning: spot trace")]
+    assert len(warned) == 1 and "aws:us-east-1c" in warned[0] and "no interruptions" in \
+        warned[0], text
