@@ -34,6 +34,7 @@ reasons.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -264,7 +265,10 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     and leaves the dirty ones to the work that cannot wait (the urgent classes keep their
     place ahead of both). The job holding the reservation keeps its place first among the
     others, as in spillway's order (moving it back would waste its drain), then come the
-    deferrable jobs out of slack (:func:`out_of_slack`), clean or dirty."""
+    deferrable jobs out of slack (:func:`out_of_slack`), clean or dirty, the one that must
+    start soonest first (:func:`must_start_by`: carbon waits bring many jobs to the end of
+    their slack together, and in spillway's order a wide one among them was passed by
+    narrower ones for days)."""
     ordered = spillway(cycle, jobs)
     zones = {s.carbon_zone for s in cycle.snap.sites if s.is_onprem} - {""}
     clean = clean_now(cycle, zones.pop()) if len(zones) == 1 else None
@@ -276,8 +280,9 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     rest = [j for j in ordered if j.priority not in urgent]
     holder = snap.reservation.job_id if snap.reservation else None
     keep = [j for j in rest if j.id == holder]  # its drain is never wasted (as in spillway)
-    late = [j for j in rest
-            if j.id != holder and deferrable(snap, j) and out_of_slack(cycle, j)]
+    late = sorted((j for j in rest
+                   if j.id != holder and deferrable(snap, j) and out_of_slack(cycle, j)),
+                  key=lambda j: must_start_by(cycle, j))
     gone = {j.id for j in keep + late}
     flex = [j for j in rest if deferrable(snap, j) and j.id not in gone]
     other = [j for j in rest if not deferrable(snap, j) and j.id not in gone]
@@ -288,6 +293,20 @@ def deadline_margin(cycle: Cycle, cls: PriorityClass) -> float:
     """The margin a deferrable job of ``cls`` keeps before its deadline for a full cluster:
     ``deadline_share`` of its class SLA."""
     return float(cycle.settings("carbon-wait")["deadline_share"]) * cls.sla_s
+
+
+def must_start_by(cycle: Cycle, job: Job) -> float:
+    """The latest time a deferrable job may start (or resume) and keep its promises: its
+    deadline less what is left of its time limit, and, until it first starts, its submission
+    plus its class SLA (inf: neither)."""
+    cls = cycle.snap.class_by_name.get(job.priority)
+    latest = math.inf
+    if not job.attempts and cls is not None:
+        latest = job.submitted_at + cls.sla_s
+    if job.spec.deadline is not None:
+        limit = float(job.spec.time_limit or cycle.estimate(job))
+        latest = min(latest, job.spec.deadline - max(0.0, limit - done_s(job, cycle.now)))
+    return latest
 
 
 def out_of_slack(cycle: Cycle, job: Job) -> bool:

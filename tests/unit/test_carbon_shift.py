@@ -204,3 +204,22 @@ def test_the_carbon_order(name: str) -> None:
     )
 
     assert [j.id for j in spillway_carbon(order_cycle(snap, now), [a, b, crit])] == want
+
+
+def test_the_jobs_out_of_slack_go_soonest_due_first() -> None:
+    """Two flexible jobs out of slack: spillway's order puts the older first; the carbon
+    order puts first the one that must start sooner (its deadline less its limit)."""
+    from policies.carbon_wait import must_start_by, spillway_carbon
+    from policies.ordering import spillway
+
+    now = 100 * H
+    old = job("old", 4, submitted=now - 13 * H, priority="flex", time_limit=2 * H)
+    due = job("due", 4, submitted=now - 12.5 * H, priority="flex", time_limit=2 * H,
+              deadline=now + 5 * H)
+    snap = replace(snapshot([node("n", 8)], [old, due], now=now), classes=FLEX,
+                   sites=(Site(carbon_zone="US-CAL-CISO"),),
+                   carbon_forecast={"US-CAL-CISO": DAY})
+    cyc = order_cycle(snap, now)
+    assert [j.id for j in spillway(cyc, [old, due])] == ["old", "due"]
+    assert (must_start_by(cyc, old), must_start_by(cyc, due)) == (now + 11 * H, now + 3 * H)
+    assert [j.id for j in spillway_carbon(cyc, [old, due])] == ["due", "old"]
