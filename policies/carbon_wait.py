@@ -264,8 +264,7 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     jobs first; while it is dirty, after the others. Deferrable work takes the clean hours
     and leaves the dirty ones to the work that cannot wait (the urgent classes keep their
     place ahead of both). The job holding the reservation keeps its place first among the
-    others, as in spillway's order (moving it back would waste its drain), unless jobs out of
-    slack wait and it is not one of them: then they go first. Then come the
+    others, as in spillway's order (moving it back would waste its drain), then come the
     deferrable jobs out of slack (:func:`out_of_slack`), clean or dirty, the one that must
     start soonest first (:func:`must_start_by`: carbon waits bring many jobs to the end of
     their slack together, and in spillway's order a wide one among them was passed by
@@ -287,11 +286,6 @@ def spillway_carbon(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     gone = {j.id for j in keep + late}
     flex = [j for j in rest if deferrable(snap, j) and j.id not in gone]
     other = [j for j in rest if not deferrable(snap, j) and j.id not in gone]
-    if late and keep and not (deferrable(snap, keep[0]) and out_of_slack(cycle, keep[0])):
-        # EASY backfill protects only the head: a job out of slack second in line has no
-        # claim on the GPUs it needs, and behind a holder that took hours to start, jobs out
-        # of slack missed their deadlines. The one due soonest takes the reservation.
-        return head + late + keep + (flex + other if clean else other + flex)
     return head + keep + late + (flex + other if clean else other + flex)
 
 

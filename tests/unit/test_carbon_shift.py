@@ -182,7 +182,6 @@ ORDER_ROWS: dict[str, tuple[float, bool, float, list[str]]] = {
     "clean: a leads": (7 * H, False, 0, ["crit", "a", "b"]),
     "clean, b holds the reservation: b keeps its place": (7 * H, True, 0, ["crit", "b", "a"]),
     "dirty, a out of slack (waited 12 h of 24): a leads": (0.0, False, 12, ["crit", "a", "b"]),
-    "b holds the reservation, a out of slack: a takes it": (0.0, True, 12, ["crit", "a", "b"]),
 }
 
 
