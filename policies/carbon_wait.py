@@ -300,13 +300,18 @@ def must_start_by(cycle: Cycle, job: Job) -> float:
     deadline less what is left of its time limit, and, until it first starts, its submission
     plus its class SLA (inf: neither)."""
     cls = cycle.snap.class_by_name.get(job.priority)
-    latest = math.inf
+    latest = _deadline_start(cycle, job)
     if not job.attempts and cls is not None:
-        latest = job.submitted_at + cls.sla_s
-    if job.spec.deadline is not None:
-        limit = float(job.spec.time_limit or cycle.estimate(job))
-        latest = min(latest, job.spec.deadline - max(0.0, limit - done_s(job, cycle.now)))
+        latest = min(latest, job.submitted_at + cls.sla_s)
     return latest
+
+
+def _deadline_start(cycle: Cycle, job: Job) -> float:
+    """The job's deadline less what is left of its time limit (inf: no deadline)."""
+    if job.spec.deadline is None:
+        return math.inf
+    limit = float(job.spec.time_limit or cycle.estimate(job))
+    return job.spec.deadline - max(0.0, limit - done_s(job, cycle.now))
 
 
 def out_of_slack(cycle: Cycle, job: Job) -> bool:
@@ -324,8 +329,4 @@ def out_of_slack(cycle: Cycle, job: Job) -> bool:
     margin = float(cycle.settings("carbon-wait")["sla_share"]) * cls.sla_s
     if not job.attempts and cycle.now - job.submitted_at >= margin:
         return True
-    if job.spec.deadline is None:
-        return False
-    limit = float(job.spec.time_limit or cycle.estimate(job))
-    left = max(0.0, limit - done_s(job, cycle.now))
-    return job.spec.deadline - cycle.now - left < deadline_margin(cycle, cls)
+    return _deadline_start(cycle, job) - cycle.now < deadline_margin(cycle, cls)
