@@ -234,9 +234,10 @@ class Agent:
     def _report_started(self, parts: list[RunningPart]) -> None:
         """Report these parts Started, in one round trip; a part whose attempt is over is
         killed. Their ends are reported only after this (:meth:`_on_exits` waits), except
-        for a part already settled (ended, no output, no cgroup to release): its end goes in
-        the same round trip, folded into the same write (a short job costs one write, not
-        two), and :meth:`_on_exits` leaves it out."""
+        for a part that has ended without a line of output: its cgroup and scratch are
+        released here (:meth:`RunningPart.settle`; once, whichever thread comes first) and
+        its end goes in the same round trip, folded into the same write (a short job costs
+        one write, not two), and :meth:`_on_exits` leaves it out."""
         if not parts:
             return
         try:
@@ -245,7 +246,7 @@ class Agent:
             ended: list[tuple[RunningPart, int]] = []
             for p in parts:
                 reports.append((p.job_id, p.attempt, Started(p.rank, p.pid, p.note), now))
-                if p.settled and p.exit_code is not None:  # (nothing to store or release)
+                if p.settle() and p.exit_code is not None:  # ended quietly, released now
                     ended.append((p, len(reports)))
                     reports.append((p.job_id, p.attempt,
                                     Exited(p.rank, p.exit_code, p.reason), time.time()))

@@ -197,6 +197,8 @@ class JobBox:
     scratch: str
     dirs: list[str] = field(default_factory=list)
     pgid: int | None = None
+    _release_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    released: bool = False  # set once :meth:`release` is done (by whichever thread)
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` as the part's process runs it: unchanged where the forking thread puts it
@@ -267,19 +269,25 @@ class JobBox:
         return reason
 
     def release(self) -> None:
-        """After the part ended: kill what is left, remove the cgroup and the scratch."""
-        if self.dirs:
-            self.kill()
-            for d in self.dirs:
-                if not keeper.remove(d):
-                    log.warning("job cgroup %s not removed: processes still in it", d)
-        elif self.pgid is not None:
-            with _quiet():
-                os.unlink(os.path.join(self.iso.pgroup_dir, str(self.pgid)))
-        try:
-            os.rmdir(self.scratch)  # the usual case, and a fraction of rmtree's cost
-        except OSError:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        """After the part ended: kill what is left, remove the cgroup and the scratch. Done
+        once: a call from another thread meanwhile waits until it is done, a later one
+        returns at once (:attr:`released` is set when it is done)."""
+        with self._release_lock:
+            if self.released:
+                return
+            if self.dirs:
+                self.kill()
+                for d in self.dirs:
+                    if not keeper.remove(d):
+                        log.warning("job cgroup %s not removed: processes still in it", d)
+            elif self.pgid is not None:
+                with _quiet():
+                    os.unlink(os.path.join(self.iso.pgroup_dir, str(self.pgid)))
+            try:
+                os.rmdir(self.scratch)  # the usual case, and a fraction of rmtree's cost
+            except OSError:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+            self.released = True
 
 
 def _field(text: str, key: str) -> int:

@@ -99,7 +99,22 @@ class RunningPart:
     def settled(self) -> bool:
         """Ended without writing a line and holds no cgroup or scratch directory: nothing is
         left to do before its end is reported."""
-        return self.exit_code is not None and not self.output and self._box is None
+        return self.exit_code is not None and not self.output and (
+            self._box is None or self._box.released)
+
+    def settle(self) -> bool:
+        """:attr:`settled`, after releasing the cgroup and scratch directory of a part that
+        ended without writing a line (any thread: the release is done once, by whichever
+        thread comes first; the reporter's :meth:`Supervisor._ended` then finds it done)."""
+        if self.exit_code is None or self.output:
+            return False
+        if self._box is not None and not self._box.released:
+            try:
+                self._box.release()
+            except Exception:
+                log.exception("job %s: releasing its cgroup and scratch failed", self.job_id)
+                return False
+        return self.settled
 
     @property
     def key(self) -> Key:

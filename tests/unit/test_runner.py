@@ -484,6 +484,80 @@ def test_agent_reports_a_start_again_when_the_first_report_failed(a: AgentHarnes
     assert a.state(job) is JobState.RUNNING and len(a.sup.parts()) == 1
 
 
+
+@pytest.mark.parametrize(("command", "writes", "folded"), [
+    ("true", 1, True),  # ended quietly before its start was reported: one write
+    ("echo hi", 2, False),  # its line is stored first: the end is a write of its own
+    ("exit 3", 1, True),  # a failure folds the same way
+])
+def test_agent_reports_a_quick_quiet_part_s_start_and_end_in_one_write(
+        a: AgentHarness, command: str, writes: int, folded: bool) -> None:
+    """A part that ended before its start was reported, without a line of output, has its
+    cgroup and scratch released by the agent's thread and its start and end written
+    together; the reporter thread then neither releases it again nor reports its end."""
+    job = a.place(GPUS[:1], command=command)
+    real_report, calls = a.store.report_many, []
+
+    def counted(reports: list, *args: object, **kw: object) -> list[Job | Exception]:
+        calls.append([type(r[2]).__name__ for r in reports])
+        return real_report(reports, *args, **kw)  # type: ignore[arg-type]
+
+    real_started = a.agent._report_started
+
+    def after_the_exit(parts: list[RunningPart]) -> None:
+        # the start report waits until the supervisor has seen the exit: the quick job
+        wait_for(lambda: all(p.exit_code is not None for p in parts), what="the exit")
+        real_started(parts)
+
+    a.store.report_many = counted  # type: ignore[method-assign]
+    a.agent._report_started = after_the_exit  # type: ignore[method-assign]
+    a.agent.start_jobs([(job.id, 1)])
+    done = a.wait_state(job, JobState.SUCCEEDED, JobState.FAILED)
+    assert a.sup.wait_idle(10)
+    assert len(calls) == writes, calls
+    assert (calls[0] == ["Started", "Exited"]) is folded
+    assert [h.state for h in done.history][-2:] == [
+        JobState.RUNNING, JobState.SUCCEEDED if command != "exit 3" else JobState.FAILED]
+    iso = a.agent.isolation
+    assert not os.listdir(iso.scratch_root)  # released, by one of the two threads
+    assert not any(os.path.isdir(os.path.join(d, n)) for d in iso.node_dirs
+                   for n in os.listdir(d))
+
+
+def test_a_job_box_is_released_once_whichever_thread_comes_first(tmp_path: Path) -> None:
+    from workers.isolation import detect
+
+    iso = detect(f"rel-{uuid.uuid4().hex[:8]}", str(tmp_path / "iso"), warn=False)
+    box = iso.box("j", 1, 0, memory_gb=0, cpus=0)
+    removed: list[str] = []
+    real_rmdir = os.rmdir
+
+    def rmdir(path: str) -> None:
+        removed.append(path)
+        real_rmdir(path)
+
+    gate = threading.Barrier(4)
+
+    def release() -> None:
+        gate.wait()
+        box.release()
+
+    os.rmdir = rmdir  # type: ignore[assignment]
+    try:
+        threads = [threading.Thread(target=release) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        os.rmdir = real_rmdir  # type: ignore[assignment]
+    assert box.released
+    assert removed.count(box.scratch) == 1 and not os.path.exists(box.scratch)
+    for d in box.dirs:  # (none where this host has no cgroups)
+        assert removed.count(d) == 1 and not os.path.exists(d)
+    for d in iso.node_dirs:
+        os.rmdir(d)
+
 # -- jobs as an unprivileged user (job_user) -----------------------------------------------------
 
 
