@@ -110,6 +110,7 @@ class CycleState:
         self.pending: dict[str, Reason] = {}
         self.blocked: list[Job] = []
         self.shadow: Shadow | None = None
+        self.guards: list[Shadow] = []
         self.evictions: list[Preempt] = []
         self.launches: list[Launch] = []
         self.terminations: list[Terminate] = []
@@ -152,6 +153,11 @@ class CycleState:
                 self.horizon[a.node_id] = max(self.horizon.get(a.node_id, self.now), end)
         if long and self.shadow is not None:
             self.shadow.charge(allocs)
+        if self.guards:
+            est = self.estimate(job)
+            for g in self.guards:
+                if not g.allows(self.now, est):
+                    g.charge(allocs)
         self.starts.append(Start(job.id, job.attempt, job.version, allocs))
         self.started.append((job, self.now + self.estimate(job)))
 

@@ -161,12 +161,58 @@ class Reserver:
     """The reserve role: what the first job that cannot be placed (the head) gets.
 
     ``strict``: the head blocks every later job (strict order); otherwise ``reserve`` gives it
-    a reservation from the release ``profile`` and later jobs backfill around it."""
+    a reservation from the release ``profile`` and later jobs backfill around it.
+
+    ``protecting``: some blocked jobs behind the head get a reservation of their own (a
+    *guard*, :func:`guard`) when :meth:`protects` says so; a job later in the queue that
+    would outlive a guard's start may not take the GPUs that guard needs (conservative
+    backfill for those jobs only)."""
 
     strict = False
+    protecting = False
 
     def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
         raise NotImplementedError
+
+    def protects(self, cycle: Cycle, job: Job) -> bool:
+        """Does this blocked job behind the head get a guard? (``protecting`` only)"""
+        del cycle, job
+        return False
+
+    def max_guards(self, cycle: Cycle) -> int:
+        del cycle
+        return 0
+
+
+def guard(cycle: Cycle, job: Job, long: bool) -> None:
+    """Give a blocked job behind the head a guard, if the reserve policy protects it, it
+    would not outlive the head's reservation (else the head drains those GPUs first), and
+    fewer guards than its limit are held."""
+    r = cycle.reserver
+    if long or len(cycle.guards) >= r.max_guards(cycle) or not r.protects(cycle, job):
+        return
+    shadow = cycle.reserve(job)
+    if shadow is not None and math.isfinite(shadow.reservation.start_at):
+        cycle.guards.append(shadow)
+
+
+def outlived(cycle: Cycle, job: Job) -> list[Shadow]:
+    """The guards ``job`` would still run at the start of."""
+    est = cycle.estimate(job)
+    return [g for g in cycle.guards if not g.allows(cycle.now, est)]
+
+
+def guards_allow(cycle: Cycle, guards: list[Shadow], allocs: Iterable[Allocation]) -> bool:
+    """Do these allocations leave each guard the GPUs it needs (its ``cap``)?"""
+    kinds = cycle.index.kinds_by_gpu
+    for a in allocs:
+        node_kinds = kinds.get(a.node_id, {})
+        for g in guards:
+            cap = g.cap.get(a.node_id)
+            if cap is not None and sum(1 for gid in a.gpu_ids
+                                       if node_kinds.get(gid) == g.kind) > cap:
+                return False
+    return True
 
 
 @register("reserve", "easy", settings={"backfill_relax": 0.0})

@@ -42,6 +42,7 @@ from broker.model import Job, PriorityClass
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import reasons
+from policies.backfill import Easy
 from policies.cycle import Cycle
 from policies.defer import (
     Deferral,
@@ -330,3 +331,22 @@ def out_of_slack(cycle: Cycle, job: Job) -> bool:
     if not job.attempts and cycle.now - job.submitted_at >= margin:
         return True
     return _deadline_start(cycle, job) - cycle.now < deadline_margin(cycle, cls)
+
+
+@register("reserve", "easy-deadline", settings={"max_guards": 8})
+class EasyDeadline(Easy):
+    """EASY backfill (policies/backfill.py), and a reservation of its own (a guard) for each
+    deferrable job out of slack (:func:`out_of_slack`) that is blocked behind the head, up to
+    ``max_guards`` (8) per cycle, soonest due first (the order ``spillway-carbon`` puts them
+    in). A later job that would outlive a guard's start may not take the GPUs that guard
+    needs: EASY protects only the head, and jobs out of slack second to fourth in line lost
+    their deadline while narrower jobs behind them took each GPU that came free (a 4-GPU job
+    of one hour waited 38 hours behind a 16-GPU holder that took 19 to start)."""
+
+    protecting = True
+
+    def protects(self, cycle: Cycle, job: Job) -> bool:
+        return deferrable(cycle.snap, job) and out_of_slack(cycle, job)
+
+    def max_guards(self, cycle: Cycle) -> int:
+        return int(cycle.settings("easy-deadline")["max_guards"])

@@ -54,6 +54,7 @@ class Cycle(Protocol):
     pending: dict[str, Reason]  # every job left pending, and why
     blocked: list[Job]  # feasible jobs left pending, in queue order
     shadow: Shadow | None  # the reservation being honoured
+    guards: list[Shadow]  # reservations of protected jobs behind the head (Reserver.protects)
     evictions: list[Preempt]
     launches: list[Launch]
     terminations: list[Terminate]

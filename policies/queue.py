@@ -28,6 +28,7 @@ from dataclasses import replace
 from broker.model import Allocation, InstanceState, Job, Reason
 from broker.model.fit import offer_could_hold
 from policies import reasons
+from policies.backfill import guard, guards_allow, outlived
 from policies.cycle import Cycle
 from policies.offers import BOOTING
 from policies.registry import register
@@ -43,6 +44,7 @@ def place_queue(cycle: Cycle) -> None:
         if served:
             queue = [j for j in queue if j.id not in served]
     index, strict = cycle.index, cycle.reserver.strict
+    protecting = cycle.reserver.protecting  # guards for some jobs behind the head
     failed: dict[tuple[object, ...], Reason] = {}  # request shape -> why it failed
     head_blocked = False
     for pos, job in enumerate(queue):
@@ -61,10 +63,15 @@ def place_queue(cycle: Cycle) -> None:
         if not res.gpus or index.free_devices:  # (else nothing to try: the head waits)
             long = cycle.shadow is not None and not cycle.shadow.allows(cycle.now,
                                                                       cycle.estimate(job))
-            shape = (res.key, job.spec.sites, long and _may_use_reserved(cycle, job))
+            shape: tuple[object, ...] = (res.key, job.spec.sites,
+                                         long and _may_use_reserved(cycle, job))
+            if cycle.guards:  # (the outcome also depends on the guards it would outlive)
+                shape = (*shape, tuple(id(g) for g in outlived(cycle, job)))
             if shape in failed:
                 cycle.pending[job.id] = failed[shape]
                 cycle.blocked.append(job)
+                if protecting:
+                    guard(cycle, job, long)
                 continue
             allocs = _place(cycle, job, long)
             if allocs is not None:
@@ -80,6 +87,8 @@ def place_queue(cycle: Cycle) -> None:
                 evictor.head_blocked(cycle, job)
             continue
         failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
+        if protecting:
+            guard(cycle, job, long)
 
 
 def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
@@ -129,6 +138,23 @@ def _may_use_reserved(cycle: Cycle, job: Job) -> object:
 
 
 def _place(cycle: Cycle, job: Job, long: bool) -> tuple[Allocation, ...] | None:
+    allocs = _place_around_head(cycle, job, long)
+    if allocs is None or not cycle.guards:
+        return allocs
+    over = outlived(cycle, job)
+    if not over or guards_allow(cycle, over, allocs):
+        return allocs
+    # it would take GPUs a guard needs: only the nodes where each guard leaves it room
+    need = job.res.gpus
+    only = [nid for nid in cycle.index.nodes if all(g.cap.get(nid, need) >= need for g in over)]
+    sh = cycle.shadow if long else None
+    allocs = cycle.index.find(job.res, job.spec.sites, sh.cap if sh else None,
+                              sh.kind if sh else None, cycle.horizon,
+                              cycle.now + min(cycle.estimate(job), 1e9), only=only)
+    return allocs if allocs is not None and guards_allow(cycle, over, allocs) else None
+
+
+def _place_around_head(cycle: Cycle, job: Job, long: bool) -> tuple[Allocation, ...] | None:
     end = cycle.now + min(cycle.estimate(job), 1e9)
     sh = cycle.shadow
     if sh is not None and not long and cycle.placer.packs_around_reservation:

@@ -223,3 +223,43 @@ def test_the_jobs_out_of_slack_go_soonest_due_first() -> None:
     assert [j.id for j in spillway(cyc, [old, due])] == ["old", "due"]
     assert (must_start_by(cyc, old), must_start_by(cyc, due)) == (now + 11 * H, now + 3 * H)
     assert [j.id for j in spillway_carbon(cyc, [old, due])] == ["due", "old"]
+
+
+# (reserve policy, hours flexible job G has waited, G's limit in hours) -> what starts on the
+# one free GPU: the head H (a 2 x 4-GPU gang) waits 10 h for node a; G (4 GPUs) could have
+# node b in 1 h; "small" (1 GPU, 5 h) would hold a GPU of b past then, "tiny" (0.5 h) not
+GUARD_ROWS: dict[str, tuple[str, float, float, str]] = {
+    "easy: small backfills and G waits on": ("easy", 13, 1, "small"),
+    "easy-deadline, G out of slack: a guard keeps b for it": ("easy-deadline", 13, 1, "tiny"),
+    "easy-deadline, G not out of slack: no guard": ("easy-deadline", 1, 1, "small"),
+    "easy-deadline, G would outlive the head's start: no guard": ("easy-deadline", 13, 20,
+                                                                  "small"),
+}
+
+
+@pytest.mark.parametrize("name", GUARD_ROWS)
+def test_a_job_out_of_slack_behind_the_head_keeps_the_gpus_it_needs(name: str) -> None:
+    from broker.model import Allocation
+    from broker.state import JobState
+    from tests.builders import job as make
+
+    reserve, waited, limit, want = GUARD_ROWS[name]
+    now = 100 * H
+
+    def running(job_id: str, n: int, on: str, hours_left: float) -> Any:
+        j = make(job_id, n, state=JobState.RUNNING, time_limit=(hours_left + 1) * H,
+                 allocations=(Allocation(on, tuple(f"GPU-{on}-{i}" for i in range(n))),))
+        return replace(j, started_at=now - H)
+
+    wall, busy = running("wall", 4, "a", 10), running("busy", 3, "b", 1)
+    head = job("H", 4, nodes=2, submitted=now - 20 * H, time_limit=5 * H)
+    g = job("G", 4, priority="flex", submitted=now - waited * H, time_limit=limit * H)
+    small = job("small", 1, submitted=now - 0.5 * H, time_limit=5 * H)
+    tiny = job("tiny", 1, submitted=now - 0.4 * H, time_limit=0.5 * H)
+    snap = replace(snapshot([node("a", 4), node("b", 4)], [head, g, small, tiny],
+                            [wall, busy], now=now), classes=FLEX)
+    policies = PolicySet(order="fifo", reserve=reserve, estimate="limit", evict=(), name="t")
+    plan = run_cycle(snap, policies, now)
+    assert [s.job_id for s in plan.starts] == [want]
+    assert plan.reservation is not None and plan.reservation.job_id == "H"
+    assert plan.reservation.start_at == now + 10 * H
