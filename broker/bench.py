@@ -345,7 +345,10 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
         # 3. raw Celery: no-op tasks through a Celery worker of Celery's own making (acks on;
         # broker/bench_noop.py says why not through an agent's queue), same Redis and
         # settings; then, for the record, the same through an agent's queue
-        celery_rate = _noop_rate(client, NOOP_QUEUE, jobs, noop=True)
+        # three times, the median: one measure takes about a second, and on a shared machine
+        # single ones of the same code ranged over a factor of two within the hour
+        noop_rates = [_noop_rate(client, NOOP_QUEUE, jobs, noop=True) for _ in range(3)]
+        celery_rate = statistics.median(noop_rates)
         agent_queue_rate = _noop_rate(client, "node.bench-0", jobs, noop=False)
         return {
             "benchmark": "dispatch",
@@ -360,6 +363,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
             "idle_submit_to_running_p50_ms": round(statistics.median(lat), 1),
             "idle_submit_to_running_p95_ms": round(_pct(lat, 0.95), 1),
             "celery_noop_tasks_per_s": round(celery_rate, 1),
+            "celery_noop_runs_per_s": [round(r, 1) for r in noop_rates],
             "job_starts_vs_celery_ratio": round(len(starts) / span / celery_rate, 3),
             "agent_queue_noop_tasks_per_s": round(agent_queue_rate, 1),
             "burst_cpu_s": {name: round(cpu1[name] - cpu0[name], 2) for name in cpu0
