@@ -8,7 +8,10 @@ makes everyone behind it wait; the evictors then plan what must happen before ba
 delay the reservation: it ends before the reservation starts, or it uses only GPUs the head
 will not need (the reservation's cap), or an evictor lets it use the reserved GPUs until the
 reservation is due (scavenging). Jobs of a request shape that already failed behind the head
-fail alike without another search.
+fail alike without another search. A reserve policy that protects some jobs behind the head
+(``Reserver.protects``, ``easy-deadline``) gives each of them a reservation of its own (a
+guard) when it is blocked; a later job that would outlive a guard's start may not take the
+GPUs the guard needs.
 
 Machines rented for jobs serve them first: before the walk, a job that a cloud machine now
 up was launched for (``Instance.for_jobs``) starts there if it fits, whatever its place in
