@@ -84,7 +84,8 @@ class Config:
     job_user: str = ""  # run jobs as this unprivileged user (the agent as root); "": as the
     # agent's own user
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
-    # relief and scavenger evictions: each restarts from its checkpoint)
+    # relief and scavenger evictions: each restarts from its checkpoint; not its own carbon
+    # pauses, broker/state.py PLANNED_PAUSES)
     hold_if_infeasible: bool = False  # queue a job that no registered node could ever hold
     # (false: submit refuses it, naming the field; true: it waits, e.g. for nodes to register)
     default_class: str = "normal"

@@ -47,6 +47,11 @@ class EvictionKind(str, Enum):
 #: as GPUs free up (policies/defrag.py, relief.py, burst_spot_move.py)
 RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF, EvictionKind.SPOT_MOVE})
 
+#: Evictions that are the job's own plan, not something it suffers: a checkpointed deferrable
+#: job pausing through a dirty-power peak (a multi-week job pauses about twice a day). They do
+#: not count toward ``max_preemptions`` (broker/store/transitions.py ``counted_preemptions``)
+PLANNED_PAUSES = frozenset({EvictionKind.CARBON})
+
 
 S = JobState
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, Job
 from broker.plan import Start
-from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
+from broker.state import ACTIVE, PLANNED_PAUSES, TERMINAL, EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, JobEvent, Started
 
 S = JobState
@@ -142,14 +142,29 @@ def outcomes(job: Job, outcome: JobState) -> int:
     return sum(1 for a in job.attempts if a.outcome == outcome.value)
 
 
+def counted_preemptions(job: Job) -> int:
+    """The job's preemptions that count toward ``max_preemptions``: its attempts that ended
+    PREEMPTED, less its own pauses through dirty-power peaks
+    (:data:`~broker.state.PLANNED_PAUSES`), each found by the kind on the STOPPING entry
+    before a PREEMPTED one in its history."""
+    planned, kind = 0, None
+    for h in job.history:
+        if h.state is S.STOPPING:
+            kind = h.kind
+        elif h.state is S.PREEMPTED:
+            planned += kind in PLANNED_PAUSES
+            kind = None
+    return outcomes(job, S.PREEMPTED) - planned
+
+
 def requeued(job: Job, now: float, max_attempts: int, max_preemptions: int = 10**9) -> Job:
     """PREEMPTED or LOST -> PENDING with the attempt raised. A job lost ``max_attempts``
     times fails, and so does one preempted ``max_preemptions`` times: each limit counts its
-    own kind of ending (a preemption is not a loss)."""
+    own kind of ending (a preemption is not a loss; a carbon pause is neither)."""
     if job.state is S.LOST and (n := outcomes(job, S.LOST)) >= max_attempts:
         return job.with_state(S.FAILED, now, f"Gave up after {n} lost attempts "
                                              f"(max_attempts {max_attempts})", finished_at=now)
-    if job.state is S.PREEMPTED and (n := outcomes(job, S.PREEMPTED)) >= max_preemptions:
+    if job.state is S.PREEMPTED and (n := counted_preemptions(job)) >= max_preemptions:
         return job.with_state(S.FAILED, now, f"Gave up after {n} preemptions "
                                              f"(max_preemptions {max_preemptions})",
                               finished_at=now)

@@ -15,7 +15,7 @@ from broker.errors import Conflict, Fenced, JobNotFound, NodeNotFound, SpecError
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState, Reason
 from broker.plan import Plan, Preempt, Start
 from broker.snapshots import SnapshotBuilder
-from broker.state import JobState
+from broker.state import EvictionKind, JobState
 from broker.store import BaseStore, MemoryStore, RedisStore, open_store
 from broker.store.events import STOPPED, Exited, Started, StartFailed
 from broker.store.transitions import Change
@@ -676,6 +676,24 @@ def test_preemptions_are_not_losses_and_have_their_own_limit(  # type: ignore[no
         assert job.state is (S.PENDING if attempt < 3 else S.FAILED)
     assert job.history[-1].reason == "Gave up after 3 preemptions (max_preemptions 3)"
 
+
+
+def test_carbon_pauses_do_not_count_toward_the_preemption_limit(  # type: ignore[no-untyped-def]
+        store_factory) -> None:
+    """A checkpointed job's own pauses through dirty-power peaks (kind carbon) are its plan,
+    not evictions it suffers: a multi-week job pauses about twice a day, and one of the 14-day
+    carbon runs failed a 16-GPU job after 100 of them. Other kinds still count."""
+    store = store_factory(Config(max_preemptions=2))
+    live(store, node("n1"))
+    job = store.submit(spec(), T0)
+    kinds = (EvictionKind.CARBON, EvictionKind.CARBON, EvictionKind.CARBON,
+             EvictionKind.PRIORITY, EvictionKind.CARBON, EvictionKind.MOVE)
+    for attempt, kind in enumerate(kinds, 1):
+        job = running(store, store.get(job.id), ("n1", ["n1-g0"]), now=T0 + attempt)
+        store.preempt(job.id, attempt, T0 + attempt + 0.1, "pause", kind)
+        job = store.report(job.id, attempt, Exited(0, 0, STOPPED), T0 + attempt + 0.2)
+        assert job.state is (S.PENDING if attempt < len(kinds) else S.FAILED), attempt
+    assert job.history[-1].reason == "Gave up after 2 preemptions (max_preemptions 2)"
 
 def test_mark_down_checks_the_incarnation(store: BaseStore) -> None:
     live(store, node("n1", incarnation="a"))
