@@ -8,8 +8,9 @@ For each launch the burst phase planned, in its order, the expected cost of the 
 where a job's expected runtime is its time limit (the agent stops it there), or, without one
 or with ``basis_predicted`` 1, its predicted runtime on the offer's GPU model x
 ``safety_factor``; ``idle_tail_s`` covers the idle time before an idle machine is given back.
-The cost is split among the teams of the launch's jobs by their GPUs (the ledger charges idle
-time to the teams that caused the launch, broker/ledger.py).
+Each team of the launch's jobs reserves the most of that cost the ledger can charge it: its
+GPUs, and its part of the others' GPUs, which the ledger splits among the launch's teams as
+idle time when their jobs end early (broker/ledger.py; :func:`shares`).
 
 * A team with a **hard** cap keeps its jobs in the launch only if its committed dollars
   (spent + reserved in the cap's window, ``Snapshot.spend``, plus what this cycle already
@@ -82,13 +83,24 @@ def launch_cost(offer: Offer, count: int, runtimes: list[float],
     return offer.price_per_hour * count * hours, hours
 
 
-def shares(jobs: list[Job], total: float) -> dict[str, float]:
-    """Team -> its part of ``total``, by the GPUs its jobs take."""
+def shares(jobs: list[Job], total: float, machine_gpus: int = 0) -> dict[str, float]:
+    """Team -> the most of ``total`` (the cost of the launch's machines) the ledger can charge
+    it. The ledger charges each team its own GPUs' time and splits the machine's idle GPUs
+    among the teams the machine was launched for, by their GPUs (broker/ledger.py ``split``):
+    when the other teams' jobs end early, a team whose job runs on pays its GPUs and its part
+    of theirs. So a team with ``g`` of a launch's ``n`` GPUs on machines of ``G`` pays at most
+    ``(g' + (G - g') x g / n) / G`` of each machine's time, ``g' = min(g, G)``: all of it
+    alone, 3/4 of it with half of the GPUs beside another team. ``machine_gpus`` 0: by GPUs
+    alone (``g / n``)."""
     gpus = {j.team: 0 for j in jobs}
     for j in jobs:
         gpus[j.team] += max(1, j.res.total_gpus)
     whole = sum(gpus.values()) or 1
-    return {t: total * g / whole for t, g in gpus.items()}
+    if machine_gpus <= 0:
+        return {t: total * g / whole for t, g in gpus.items()}
+    big = machine_gpus
+    return {t: total * min(1.0, (min(g, big) + (big - min(g, big)) * g / whole) / big)
+            for t, g in gpus.items()}
 
 
 @register("budget", "caps", settings=CAPS_DEFAULTS)
@@ -116,7 +128,7 @@ def caps(cycle: Cycle) -> None:
             continue
         runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
         cost, _ = launch_cost(offer, launch.count, runs, cfg)
-        part = shares(jobs, cost)
+        part = shares(jobs, cost, offer.gpu_count)
         for t, usd in part.items():
             if t in committed:
                 committed[t] += usd
@@ -181,7 +193,7 @@ def _fit(cycle: Cycle, launch: Launch, offer: Offer, jobs: list[Job],
     while jobs:
         runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
         cost, _ = launch_cost(offer, launch.count, runs, cfg)
-        part = shares(jobs, cost)
+        part = shares(jobs, cost, offer.gpu_count)
         drop = None
         for team, usd in sorted(part.items()):
             cap = snap.budgets.get(team)

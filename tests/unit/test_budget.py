@@ -147,6 +147,49 @@ def test_split_by_gpu_seconds_idle_to_the_launching_team() -> None:
     assert sum(p.usd for p in split(4.0, 4, 0.0, H, [], {}, "s")) == pytest.approx(4.0)
 
 
+
+# (GPUs of each team's jobs, GPUs per machine) -> each team's reserved part of the launch
+SHARE_ROWS: dict[str, tuple[dict[str, int], int, dict[str, float]]] = {
+    "one team fills the machine": ({"x": 4}, 4, {"x": 1.0}),
+    "one team on half the machine pays for the idle half too": ({"x": 2}, 4, {"x": 1.0}),
+    "two teams, half each: 3/4 each": ({"x": 2, "y": 2}, 4, {"x": 0.75, "y": 0.75}),
+    "3 GPUs and 1 on 8": ({"x": 3, "y": 1}, 8, {"x": (3 + 5 * 0.75) / 8,
+                                                 "y": (1 + 7 * 0.25) / 8}),
+    "a gang wider than one machine": ({"x": 16, "y": 1}, 8, {"x": 1.0,
+                                                            "y": (1 + 7 / 17) / 8}),
+    "no machine size: by GPUs alone": ({"x": 2, "y": 2}, 0, {"x": 0.5, "y": 0.5}),
+}
+
+
+def team_job(team: str, gpus: int) -> Job:
+    from dataclasses import replace
+
+    from tests.builders import job
+
+    j = job(f"{team}-job", gpus)
+    return replace(j, spec=j.spec.model_copy(update={"team": team}))
+
+
+@pytest.mark.parametrize("name", SHARE_ROWS)
+def test_a_team_reserves_the_most_the_ledger_can_charge_it(name: str) -> None:
+    from policies.budget import shares
+
+    teams, machine_gpus, want = SHARE_ROWS[name]
+    got = shares([team_job(t, g) for t, g in teams.items()], 100.0, machine_gpus)
+    assert got == pytest.approx({t: 100.0 * f for t, f in want.items()})
+
+
+def test_the_reserved_part_bounds_the_ledger_s_worst_split() -> None:
+    """Team x's 2 GPUs run the whole hour on a 4-GPU machine launched for x and y (2 GPUs
+    each); y's job ends at once: the ledger charges x 3/4 of the machine, its reserved part."""
+    from policies.budget import shares
+
+    x, y = team_job("x", 2), team_job("y", 2)
+    parts = {p.team: p.usd for p in split(4.0, 4, 0.0, H, [Use("x", 2, 0.0, None)],
+                                          {"x": 2, "y": 2}, "s")}
+    assert parts["x"] == pytest.approx(3.0)
+    assert shares([x, y], 4.0, 4)["x"] == pytest.approx(3.0)
+
 def machine(ended: float | None) -> Instance:
     inst = Instance("r1", "aws:r:ondemand/t", requested_at=NOW, price_per_hour=2.0,
                     node_id="n1", for_jobs=("j",),

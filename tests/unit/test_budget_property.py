@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.ledger import Use, charge_instance, payers_of, reserve_plan
@@ -47,6 +47,11 @@ long_st = st.tuples(st.sampled_from(TEAMS), st.integers(1, 2), st.floats(2.0, 8.
                             min_size=1),
        jobs=st.lists(job_st, min_size=1, max_size=10), cycles=st.integers(1, 3),
        idle=st.floats(0.0, 1.0))
+# found by hypothesis: c's 2-GPU job and a's two 1-GPU jobs packed on one 4-GPU machine; a's
+# end at once, c's runs its 3 hours and pays 3/4 of the machine (its GPUs and half the idle
+# ones), where the reservation had counted 2/4
+@example(caps={"c": (10.0, 0.5)}, jobs=[("c", 2, 3.0, 1.0), ("a", 1, 1.0, 0.0),
+                                        ("a", 1, 1.0, 0.0)], cycles=1, idle=0.0)
 def test_hard_caps_are_never_exceeded(caps: dict[str, tuple[float, float]],
                                       jobs: list[tuple[str, int, float, float]], cycles: int,
                                       idle: float) -> None:
