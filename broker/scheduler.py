@@ -27,7 +27,7 @@ from typing import Any
 from broker.model import Allocation, Job, Reason
 from broker.plan import Launch, Plan, Preempt, Snapshot, Start, Terminate
 from broker.state import JobState
-from policies.backfill import Reserver, Shadow, release_profile
+from policies.backfill import Reserver, Shadow, outlived, release_profile
 from policies.cycle import Memory
 from policies.evict import Evictor
 from policies.fairshare import fairshare_factors
@@ -153,11 +153,8 @@ class CycleState:
                 self.horizon[a.node_id] = max(self.horizon.get(a.node_id, self.now), end)
         if long and self.shadow is not None:
             self.shadow.charge(allocs)
-        if self.guards:
-            est = self.estimate(job)
-            for g in self.guards:
-                if not g.allows(self.now, est):
-                    g.charge(allocs)
+        for g in outlived(self, job) if self.guards else ():
+            g.charge(allocs)
         self.starts.append(Start(job.id, job.attempt, job.version, allocs))
         self.started.append((job, self.now + self.estimate(job)))
 

@@ -99,7 +99,7 @@ def shares(jobs: list[Job], total: float, machine_gpus: int = 0) -> dict[str, fl
     if machine_gpus <= 0:
         return {t: total * g / whole for t, g in gpus.items()}
     big = machine_gpus
-    return {t: total * min(1.0, (min(g, big) + (big - min(g, big)) * g / whole) / big)
+    return {t: total * (min(g, big) + (big - min(g, big)) * g / whole) / big
             for t, g in gpus.items()}
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from broker.model import Allocation, InstanceState, Job, Reason
 from broker.model.fit import offer_could_hold
 from policies import reasons
-from policies.backfill import guard, guards_allow, outlived
+from policies.backfill import Shadow, guard, guards_allow, outlived
 from policies.cycle import Cycle
 from policies.offers import BOOTING
 from policies.registry import register
@@ -68,15 +68,16 @@ def place_queue(cycle: Cycle) -> None:
                                                                       cycle.estimate(job))
             shape: tuple[object, ...] = (res.key, job.spec.sites,
                                          long and _may_use_reserved(cycle, job))
+            over = outlived(cycle, job) if cycle.guards else []
             if cycle.guards:  # (the outcome also depends on the guards it would outlive)
-                shape = (*shape, tuple(id(g) for g in outlived(cycle, job)))
+                shape = (*shape, tuple(id(g) for g in over))
             if shape in failed:
                 cycle.pending[job.id] = failed[shape]
                 cycle.blocked.append(job)
                 if protecting:
                     guard(cycle, job, long)
                 continue
-            allocs = _place(cycle, job, long)
+            allocs = _place(cycle, job, long, over)
             if allocs is not None:
                 cycle.start(job, allocs, long)
                 continue
@@ -140,25 +141,24 @@ def _may_use_reserved(cycle: Cycle, job: Job) -> object:
     return "scavenge" if any(e.may_use_reserved(cycle, job) for e in cycle.evictors) else True
 
 
-def _place(cycle: Cycle, job: Job, long: bool) -> tuple[Allocation, ...] | None:
-    allocs = _place_around_head(cycle, job, long)
-    if allocs is None or not cycle.guards:
-        return allocs
-    over = outlived(cycle, job)
-    if not over or guards_allow(cycle, over, allocs):
+def _place(cycle: Cycle, job: Job, long: bool, over: list[Shadow]
+           ) -> tuple[Allocation, ...] | None:
+    """Where ``job`` starts now, or None; ``over``: the guards it would outlive."""
+    end = cycle.now + min(cycle.estimate(job), 1e9)
+    allocs = _place_around_head(cycle, job, long, end)
+    if allocs is None or not over or guards_allow(cycle, over, allocs):
         return allocs
     # it would take GPUs a guard needs: only the nodes where each guard leaves it room
     need = job.res.gpus
     only = [nid for nid in cycle.index.nodes if all(g.cap.get(nid, need) >= need for g in over)]
     sh = cycle.shadow if long else None
     allocs = cycle.index.find(job.res, job.spec.sites, sh.cap if sh else None,
-                              sh.kind if sh else None, cycle.horizon,
-                              cycle.now + min(cycle.estimate(job), 1e9), only=only)
+                              sh.kind if sh else None, cycle.horizon, end, only=only)
     return allocs if allocs is not None and guards_allow(cycle, over, allocs) else None
 
 
-def _place_around_head(cycle: Cycle, job: Job, long: bool) -> tuple[Allocation, ...] | None:
-    end = cycle.now + min(cycle.estimate(job), 1e9)
+def _place_around_head(cycle: Cycle, job: Job, long: bool, end: float
+                       ) -> tuple[Allocation, ...] | None:
     sh = cycle.shadow
     if sh is not None and not long and cycle.placer.packs_around_reservation:
         # a job that ends before the reservation starts goes first into the reserved nodes'

@@ -677,7 +677,6 @@ def test_preemptions_are_not_losses_and_have_their_own_limit(  # type: ignore[no
     assert job.history[-1].reason == "Gave up after 3 preemptions (max_preemptions 3)"
 
 
-
 def test_carbon_pauses_do_not_count_toward_the_preemption_limit(  # type: ignore[no-untyped-def]
         store_factory) -> None:
     """A checkpointed job's own pauses through dirty-power peaks (kind carbon) are its plan,
@@ -694,6 +693,7 @@ def test_carbon_pauses_do_not_count_toward_the_preemption_limit(  # type: ignore
         job = store.report(job.id, attempt, Exited(0, 0, STOPPED), T0 + attempt + 0.2)
         assert job.state is (S.PENDING if attempt < len(kinds) else S.FAILED), attempt
     assert job.history[-1].reason == "Gave up after 2 preemptions (max_preemptions 2)"
+
 
 def test_mark_down_checks_the_incarnation(store: BaseStore) -> None:
     live(store, node("n1", incarnation="a"))

@@ -484,7 +484,6 @@ def test_agent_reports_a_start_again_when_the_first_report_failed(a: AgentHarnes
     assert a.state(job) is JobState.RUNNING and len(a.sup.parts()) == 1
 
 
-
 @pytest.mark.parametrize(("command", "writes", "folded"), [
     ("true", 1, True),  # ended quietly before its start was reported: one write
     ("echo hi", 2, False),  # its line is stored first: the end is a write of its own
@@ -557,6 +556,7 @@ def test_a_job_box_is_released_once_whichever_thread_comes_first(tmp_path: Path)
         assert removed.count(d) == 1 and not os.path.exists(d)
     for d in iso.node_dirs:
         os.rmdir(d)
+
 
 # -- jobs as an unprivileged user (job_user) -----------------------------------------------------
 
