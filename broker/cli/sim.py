@@ -108,6 +108,9 @@ def simulate(
                            ] = False,
     lower_bound_slot: Annotated[float, Opt("--lower-bound-slot", help="Its time slot in "
                                            "seconds (finer: tighter, slower).")] = 900.0,
+    lower_bound_no_pause: Annotated[bool, Opt("--lower-bound-no-pause", help="Also the "
+                                              "tighter bound in which every job the run never "
+                                              "stopped runs whole (slower).")] = False,
 ) -> None:
     """Replay a trace through the production scheduling cycle, with a virtual clock."""
     from broker.sim.metrics import summary_table
@@ -118,7 +121,9 @@ def simulate(
                      policies=tuple(p.strip() for p in policy.split(",") if p.strip()),
                      start=start, end=end, busiest_days=busiest_days, load_scale=load_scale,
                      target_load=target_load, seed=seed, check=check,
-                     lower_bound=lower_bound, lower_bound_slot_s=lower_bound_slot)
+                     lower_bound=lower_bound or lower_bound_no_pause,
+                     lower_bound_slot_s=lower_bound_slot,
+                     lower_bound_no_pause=lower_bound_no_pause)
     if report is not None:
         _check_report_deps()  # before minutes of simulation, not after
     with _progress(req.policies) as show:

@@ -54,6 +54,12 @@ class LbJob:
     cloud: bool = False  # may run in the cloud at all
     spot: bool = False  # may run on spot
     gpu_types: tuple[str, ...] = ()  # families or models it is pinned to (empty: any)
+    whole: bool = False  # runs uninterrupted at its full width from one start (never paused)
+
+    @property
+    def latest_start_s(self) -> float:
+        """The latest start that still ends it within its window."""
+        return max(self.submit_s, self.end_s - self.runtime_s)
 
     @property
     def end_s(self) -> float:
@@ -196,6 +202,78 @@ class _Group:
     cols_o: list[int] = field(default_factory=list)
     cols_c: list[int] = field(default_factory=list)
     col_m: int | None = None
+    job: LbJob | None = None  # a whole job's own group
+    slot_o: dict[int, int] = field(default_factory=dict)  # slot -> its on-prem column
+    slot_c: dict[int, int] = field(default_factory=dict)  # slot -> its cloud column
+
+
+MAX_START_SLOTS = 400  # a whole job with more possible start slots is left relaxed
+
+
+def _whole(j: LbJob, t0: float, slot_s: float) -> bool:
+    """Whether ``j`` is modelled as whole: it is, runs at all, and its starts span few slots."""
+    if not j.whole or j.runtime_s <= 0 or not math.isfinite(j.latest_start_s):
+        return False
+    return (j.latest_start_s - t0) // slot_s - (j.submit_s - t0) // slot_s < MAX_START_SLOTS
+
+
+def _overlap(t: float, d: float, b: float, e: float) -> float:
+    return max(0.0, min(t + d, e) - max(t, b))
+
+
+def _span(t_lo: float, t_hi: float, d: float, b: float, e: float) -> tuple[float, float]:
+    """The least and the most seconds of ``[b, e)`` that a run of ``d`` seconds covers when
+    it starts anywhere in ``[t_lo, t_hi]`` (the overlap rises, stays, falls: it is least at
+    an end of the interval and most where the interval meets its plateau)."""
+    at = [t_lo, t_hi, min(max(b, t_lo), t_hi), min(max(e - d, t_lo), t_hi)]
+    return (min(_overlap(t_lo, d, b, e), _overlap(t_hi, d, b, e)),
+            max(_overlap(t, d, b, e) for t in at))
+
+
+def _starts(j: LbJob, edges: Sequence[float], slot: float) -> list[tuple[float, float]]:
+    """Per slot from ``j``'s arrival to its latest start: the starts in it, ``(lo, hi)``."""
+    t0 = edges[0]
+    first = min(int((j.submit_s - t0) // slot), len(edges) - 2)
+    last = min(int((j.latest_start_s - t0) // slot), len(edges) - 2)
+    return [(max(j.submit_s, edges[s]), min(edges[s + 1], j.latest_start_s))
+            for s in range(first, last + 1)]
+
+
+def _whole_rows(lp: _Lp, g: _Group, edges: Sequence[float], slot_s: float) -> None:
+    """A whole job starts once, on-prem or in the cloud (fractions of a start per slot: the
+    relaxation), and in every slot its GPU-hours on each side lie between the least and the
+    most that its starts there give: no pause, no narrowing, no move between the sides."""
+    j = g.job
+    assert j is not None
+    width = j.gpus * j.nodes / 3600.0
+    starts = _starts(j, edges, slot_s)
+    one = lp.row(True, 1.0)
+    if g.col_m is not None:  # the work a miss leaves undone
+        lp.put(True, one, g.col_m, 1.0 / g.work)
+    for cols in (g.slot_o, g.slot_c):
+        if not cols:
+            continue
+        xs = [lp.col(0.0, 1.0) for _ in starts]
+        total = lp.col(0.0, 1.0)  # its share started on this side
+        tie = lp.row(True, 0.0)
+        lp.put(True, tie, total, 1.0)
+        for x in xs:
+            lp.put(True, one, x, 1.0)
+            lp.put(True, tie, x, -1.0)
+        for u, col in cols.items():
+            spans = [_span(lo, hi, j.runtime_s, edges[u], edges[u + 1]) for lo, hi in starts]
+            for sign, k in ((-1.0, 0), (1.0, 1)):  # col >= sum least x; col <= sum most x
+                coef = [width * sp[k] for sp in spans]
+                if sign < 0 and max(coef) <= 1e-12:
+                    continue
+                row = lp.row(False, 0.0)
+                lp.put(False, row, col, sign)
+                if max(coef) - min(coef) <= 1e-12:
+                    lp.put(False, row, total, -sign * coef[0])
+                else:
+                    for x, c in zip(xs, coef):
+                        if c > 1e-12:
+                            lp.put(False, row, x, -sign * c)
 
 
 def _edges(problem: LbProblem, slot_s: float) -> tuple[float, list[float]]:
@@ -219,9 +297,11 @@ def _groups(problem: LbProblem, edges: Sequence[float], horizon: float,
         e = min(j.end_s, horizon)
         first = min(int((a - t0) // slot_s), n - 1)
         last = max(first, min(math.ceil((e - t0) / slot_s) - 1, n - 1))
-        g = out.get(key := (j.type_key, j.cls, first, last))
+        whole = _whole(j, t0, slot_s)
+        g = out.get(key := (j.type_key, j.cls, first, last, j.id if whole else None))
         if g is None:
-            g = out[key] = _Group(key, first, [0.0] * (last - first + 1))
+            g = out[key] = _Group(key, first, [0.0] * (last - first + 1),
+                                  job=j if whole else None)
         width = j.gpus * j.nodes / 3600.0
         for i in range(last - first + 1):
             lo, hi = max(a, edges[first + i]), min(e, edges[first + i + 1])
@@ -284,17 +364,21 @@ def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int]
             lp.put(True, work_row, o, 1.0)
             used_on.setdefault(tkey, {}).setdefault(s, []).append(o)
             g.cols_o.append(o)
+            g.slot_o[s] = o
             if cloud:
                 c = lp.col(0.0, cap)
                 lp.put(True, work_row, c, 1.0)
                 used_cl.setdefault(tkey, {}).setdefault(s, []).append((c, g.gpus))
                 g.cols_c.append(c)
+                g.slot_c[s] = c
                 cap_row = lp.row(False, cap)
                 lp.put(False, cap_row, o, 1.0)
                 lp.put(False, cap_row, c, 1.0)
         if misses.get(cls, 0) > 0:
             g.col_m = lp.col(0.0, g.work)
             lp.put(True, work_row, g.col_m, 1.0)
+        if g.job is not None:
+            _whole_rows(lp, g, edges, slot_s)
     # on-prem: per type and slot, the models it may use; per model and slot, its GPUs
     model_rows: dict[tuple[int, int], int] = {}
     min_rate: dict[tuple[Any, ...], float] = {}

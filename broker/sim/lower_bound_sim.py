@@ -171,6 +171,15 @@ def same_jobs_in_time(problem: LbProblem, records: list[JobRecord]) -> LbProblem
     return replace(problem, jobs=tuple(jobs))
 
 
+def unpaused(problem: LbProblem, records: list[JobRecord]) -> LbProblem:
+    """The problem with each job the run started and never stopped (no preemption, move,
+    relief or spot interruption) marked whole: it runs from one start to its end."""
+    once = {r.id for r in records if r.first_start_s is not None and r.end_s is not None
+            and r.preemptions == 0}
+    return replace(problem, jobs=tuple(replace(j, whole=True) if j.id in once else j
+                                       for j in problem.jobs))
+
+
 def run_misses(records: list[JobRecord], jobs: tuple[LbJob, ...], horizon: float
                ) -> tuple[dict[str, int], dict[str, int]]:
     """Per class: the run's jobs that missed their SLA (the metrics' rule), and those that
@@ -202,8 +211,9 @@ def _ratio(run: Any, bound: float | None) -> float | None:
 
 def lower_bound_section(cluster: Cluster, trace: Trace, result: SimResult, seed: int = 0,
                         energy: SimEnergy | None = None, slot_s: float = DEFAULT_SLOT_S,
-                        method: str = "highs-ipm") -> dict[str, Any]:
-    """The ``lower_bound`` section of a run's metrics (see the module's doc)."""
+                        method: str = "highs-ipm", no_pause: bool = False) -> dict[str, Any]:
+    """The ``lower_bound`` section of a run's metrics (see the module's doc); with
+    ``no_pause``, also the cost bound in which each job the run never stopped runs whole."""
     horizon = max((max(r.end_s or 0.0, r.first_start_s or 0.0, r.submit_s)
                    for r in result.records), default=0.0)
     problem = sim_problem(cluster, trace, seed, energy, horizon)
@@ -213,7 +223,7 @@ def lower_bound_section(cluster: Cluster, trace: Trace, result: SimResult, seed:
     carbon = solve(problem, "carbon", slot_s=slot_s, method=method) \
         if energy is not None else None
     m = result.metrics
-    return {
+    out: dict[str, Any] = {
         "method": METHOD,
         "slot_s": slot_s,
         "cloud_cost_usd": None if cost.value is None else round(cost.value, 2),
@@ -226,3 +236,13 @@ def lower_bound_section(cluster: Cluster, trace: Trace, result: SimResult, seed:
         "run_late_after_start": late,
         "lp": {"cost": cost.as_dict(), **({"carbon": carbon.as_dict()} if carbon else {})},
     }
+    if no_pause:
+        whole = unpaused(problem, result.records)
+        tight = solve(whole, "cost", slot_s=slot_s, method=method)
+        out["no_pause"] = {
+            "cloud_cost_usd": None if tight.value is None else round(tight.value, 2),
+            "ratio": _ratio(m.get("cloud_cost_usd"), tight.value),
+            "whole_jobs": sum(j.whole for j in whole.jobs),
+            "lp": tight.as_dict(),
+        }
+    return out

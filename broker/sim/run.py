@@ -39,6 +39,7 @@ class SimRequest:
     carbon: bool = True  # carbon_kg and cost_per_gpu_hour (broker/energy_sim.py)
     lower_bound: bool = False  # the lower_bound section (broker/sim/lower_bound_sim.py)
     lower_bound_slot_s: float = 900.0
+    lower_bound_no_pause: bool = False  # also the bound in which unstopped jobs run whole
 
 
 def _time(value: str | None, what: str) -> float | None:
@@ -107,8 +108,9 @@ def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str,
     if req.lower_bound:
         from broker.sim.lower_bound_sim import lower_bound_section
 
-        result.metrics["lower_bound"] = lower_bound_section(cluster, trace, result, req.seed,
-                                                            energy, req.lower_bound_slot_s)
+        result.metrics["lower_bound"] = lower_bound_section(
+            cluster, trace, result, req.seed, energy, req.lower_bound_slot_s,
+            no_pause=req.lower_bound_no_pause)
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -136,3 +137,47 @@ def test_the_bound_never_exceeds_a_feasible_greedy_schedule(
     res = solve(LbProblem(tuple(jobs), (LbPool("V100", onprem),), (four, FAR)))
     assert res.status == "optimal"
     assert res.value <= _greedy(jobs, onprem, 3.0) + 1e-6  # type: ignore[operator]
+
+
+def test_a_whole_job_may_not_pause_around_another() -> None:
+    """One on-prem GPU. a (1 h) may start within an hour; b (1 h) arrives at 30 min and must
+    start by 45 min. Paused, a runs 0-30 min and 90-120 min around b, and nothing is rented;
+    run whole, a collides with b wherever it starts, so some of one must rent."""
+    a = job("a", runtime=H, sla=H)
+    b = job("b", 0.5 * H, H, sla=0.25 * H)
+    onprem = (LbPool("V100", 1),)
+    assert solve(LbProblem((a, b), onprem, (OD,))).value == pytest.approx(0.0)
+    whole = solve(LbProblem((replace(a, whole=True), replace(b, whole=True)), onprem, (OD,)))
+    assert whole.status == "optimal"
+    assert 0.5 < whole.value <= 3.0  # type: ignore[operator]
+
+
+def test_a_whole_job_is_not_split_between_on_prem_and_the_cloud() -> None:
+    """One on-prem GPU busy for the first hour with a job that may not burst; a 1-GPU job of
+    two hours must start at once. Relaxed, it rents its first hour and moves on-prem for the
+    second ($3); whole, it rents both ($6)."""
+    busy = job("busy", cloud=False)
+    a = job("a", runtime=2 * H)
+    onprem = (LbPool("V100", 1),)
+    assert solve(LbProblem((busy, a), onprem, (OD,))).value == pytest.approx(3.0)
+    whole = solve(LbProblem((busy, replace(a, whole=True)), onprem, (OD,)))
+    assert whole.value == pytest.approx(6.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.integers(1, 12), st.integers(1, 4),
+                          st.sampled_from([0.0, 1800.0, 4 * H])), min_size=1, max_size=7),
+       st.integers(0, 4), st.sampled_from([900.0, 1800.0, 3600.0]))
+def test_the_whole_bound_lies_between_the_relaxed_one_and_a_greedy_schedule(
+        raw: list[tuple[int, int, int, float]], onprem: int, slot: float) -> None:
+    """The greedy schedule never pauses a job, so it is one the whole program must admit; the
+    whole program only adds rows to the relaxed one."""
+    jobs = [job(f"j{i}", 900.0 * t, 900.0 * d, g, sla=sla)
+            for i, (t, d, g, sla) in enumerate(raw)]
+    four = LbOffer("od4", "aws:r", "V100", 4, 3.0, "aws:r:ondemand")
+    pools = (LbPool("V100", onprem),)
+    relaxed = solve(LbProblem(tuple(jobs), pools, (four, FAR)), slot_s=slot)
+    whole = solve(LbProblem(tuple(replace(j, whole=True) for j in jobs), pools, (four, FAR)),
+                  slot_s=slot)
+    assert whole.status == "optimal"
+    assert relaxed.value - 1e-6 <= whole.value <= _greedy(jobs, onprem, 3.0) + 1e-6  # type: ignore[operator]

@@ -20,6 +20,7 @@ from broker.sim.lower_bound_sim import (
     run_misses,
     same_jobs_in_time,
     sim_problem,
+    unpaused,
 )
 from broker.sim.run import SimRequest, simulate
 from broker.sim.types import JobRecord
@@ -44,6 +45,30 @@ def test_a_runs_bound_is_the_hour_it_had_to_rent_and_the_run_pays_boot_and_idle(
     lp = sec["lp"]["cost"]
     assert lp["status"] == "optimal" and lp["variables"] > 0 and lp["solve_s"] >= 0
     assert "carbon" not in sec["lp"] and sec["carbon_kg"] is None  # no energy model given
+    assert "no_pause" not in sec
+
+
+def test_the_no_pause_bound_holds_the_hog_whole_so_the_high_job_rents_its_hour() -> None:
+    """The same run: neither job was ever stopped, so in the no-pause bound each runs whole
+    from one start. The hog's slack can no longer be spent around the high job, which now
+    rents its whole hour, as the run did (less its boot and idle time)."""
+    c = cluster()
+    res = Simulation(c, JOBS, "spillway").run()
+    sec = lower_bound_section(c, JOBS, res, no_pause=True)
+    tight = sec["no_pause"]
+    assert tight["whole_jobs"] == len(JOBS.jobs)
+    assert tight["cloud_cost_usd"] == pytest.approx(3.06, abs=0.01)
+    assert sec["cloud_cost_usd"] < tight["cloud_cost_usd"] <= res.metrics["cloud_cost_usd"]
+    assert tight["ratio"] == pytest.approx(res.metrics["cloud_cost_usd"] / 3.06, abs=0.01)
+
+
+def test_unpaused_marks_only_the_jobs_the_run_ran_through() -> None:
+    jobs = tuple(LbJob(n, 0.0, 100.0, 1) for n in "abc")
+    records = [JobRecord("a", "t", "normal", 1, 0.0, 100.0, 600.0, 0.0, 100.0),
+               JobRecord("b", "t", "normal", 1, 0.0, 100.0, 600.0, 0.0, 150.0, preemptions=1),
+               JobRecord("c", "t", "normal", 1, 0.0, 100.0, 600.0)]  # never ran
+    out = unpaused(LbProblem(jobs, ()), records)
+    assert [j.whole for j in out.jobs] == [True, False, False]
 
 
 def test_spot_replay_gives_the_zone_until_its_capacity_goes_plus_the_notice(
@@ -101,8 +126,14 @@ def test_simulate_writes_the_section_when_asked(tmp_path: Path) -> None:
     assert cli.exit_code == 0, cli.output
     sec = json.loads(out.read_text())["lower_bound"]
     assert sec["cloud_cost_usd"] == pytest.approx(2.04, abs=0.01)  # as above
+    assert "no_pause" not in sec
     assert sec["carbon_kg"] > 0 and sec["ratio"]["carbon_kg"] >= 1.0
     assert sec["lp"]["carbon"]["status"] == "optimal"
+    cli = CliRunner().invoke(app, ["simulate", "--trace", str(csv), "--cluster", str(yaml),
+                                   "--lower-bound-no-pause", "--json", str(out)])
+    assert cli.exit_code == 0, cli.output
+    sec = json.loads(out.read_text())["lower_bound"]  # the flag implies --lower-bound
+    assert sec["no_pause"]["cloud_cost_usd"] == pytest.approx(3.06, abs=0.01)
     with pytest.raises(ConfigError, match="--lower-bound-slot 0"):
         simulate(SimRequest(trace=str(csv), cluster=str(yaml), lower_bound=True,
                             lower_bound_slot_s=0.0))
