@@ -85,7 +85,7 @@ class NodeUse:
     up_since: float  # when it became ready
     for_jobs: bool  # it was launched for jobs (an operator's machine: not)
     draining: bool = False
-    leaving: bool = False  # every job on it is stopping to move to spot (spot-move)
+    leaving: bool = False  # every job on it is stopping to leave it (spot-move, home)
 
 
 def scale_down(now: float, use: NodeUse, idle_timeout_s: float,
@@ -96,7 +96,8 @@ def scale_down(now: float, use: NodeUse, idle_timeout_s: float,
     scale-down-utilization-threshold of 0.5), or no longer serving a job it was launched for
     (``serves()``: one is still pending, or running there): jobs that land on it meanwhile do
     not keep a rented machine up for ever, and draining only stops new placements. A node
-    whose jobs all leave it for spot (policies/burst_spot_move.py) drains at once. A drained
+    whose jobs all leave it, for spot or for idle on-prem GPUs (policies/burst_spot_move.py,
+    burst_home.py), drains at once. A drained
     node goes once its jobs have left. (No pending job keeps an idle node up: one that could
     run there and was not placed within the idle timeout is held back by the scheduler, and
     the machine would wait for it at a rented machine's price.)"""
@@ -106,7 +107,7 @@ def scale_down(now: float, use: NodeUse, idle_timeout_s: float,
         return Verdict.RELEASE, "released: drained and idle"
     t = idle_timeout_s - 1e-6
     if use.leaving:
-        return Verdict.DRAIN, "its jobs move to spot"
+        return Verdict.DRAIN, "its jobs leave it (for spot or on-prem)"
     if use.busy == 0 and now - use.idle_since >= t:
         why = f"idle for {now - use.idle_since:.0f}s (idle_timeout_s {idle_timeout_s:g})"
     elif use.low_since is not None and 2 * use.busy < use.gpus and now - use.low_since >= t:

@@ -30,7 +30,7 @@ from broker.model import Instance, InstanceState, Node, NodeState, Offer
 from broker.runtime import Runtime
 from broker.security import cloud_agent
 from broker.security.acl import AclError
-from broker.state import ACTIVE, EvictionKind, JobState
+from broker.state import ACTIVE, LEAVES_MACHINE, JobState
 from broker.store.budgets import budget_book
 from broker.store.instances import block_key_of, request_ids
 from providers.base import (
@@ -268,7 +268,8 @@ class Provisioner:
         return False
 
     def _leaving(self, holders: Mapping[str, str]) -> bool:
-        """Is every job holding these GPUs ("job:attempt") stopping to move to spot?"""
+        """Is every job holding these GPUs ("job:attempt") stopping to leave the machine (to
+        move to spot, or home to on-prem)?"""
         jobs = {v.split(":")[0] for v in holders.values()}
         for job_id in jobs:
             try:
@@ -277,7 +278,7 @@ class Provisioner:
                 return False
             stop = job.history[-1] if job.history else None
             if job.state is not JobState.STOPPING or stop is None \
-                    or stop.kind is not EvictionKind.SPOT_MOVE:
+                    or stop.kind not in LEAVES_MACHINE:
                 return False
         return bool(jobs)
 

@@ -37,15 +37,22 @@ class EvictionKind(str, Enum):
     CARBON = "carbon"  # a checkpointed deferrable job pauses through a dirty-power peak
     SPOT_MOVE = "spot-move"  # it leaves on-demand for a spot machine launched for it
     MARKET = "market"  # a job with a deadline leaves on-demand for spot, or to wait for it
+    HOME = "home"  # it leaves a rented machine for on-prem GPUs that stand idle
 
     def __str__(self) -> str:
         return self.value
 
 
 #: Evictions after which a job goes back to the front of the queue: it lost its GPUs only for
-#: the sake of one other job (or to move to a spot machine launched for it), and restarts as soon
-#: as GPUs free up (policies/defrag.py, relief.py, burst_spot_move.py)
-RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF, EvictionKind.SPOT_MOVE})
+#: the sake of one other job (or to move to a spot machine launched for it, or home to idle
+#: on-prem GPUs), and restarts as soon as GPUs free up (policies/defrag.py, relief.py,
+#: burst_spot_move.py, burst_home.py)
+RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF, EvictionKind.SPOT_MOVE,
+                           EvictionKind.HOME})
+
+#: Evictions after which the job's rented machine drains at once: it leaves it on purpose
+#: (for spot, or for on-prem), and the machine would otherwise idle until the idle timeout
+LEAVES_MACHINE = frozenset({EvictionKind.SPOT_MOVE, EvictionKind.HOME})
 
 #: Evictions that are the job's own plan, not something it suffers: a checkpointed deferrable
 #: job pausing through a dirty-power peak (a multi-week job pauses about twice a day). They do

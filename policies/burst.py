@@ -52,6 +52,7 @@ from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import EvictionKind, JobState
 from policies import deadline_burst
 from policies.burst_evictions import drop_evictions_for, victims_cost
+from policies.burst_home import HOME_DEFAULTS, home_moves
 from policies.burst_spot_move import MOVE_DEFAULTS, moving_bins, spot_moves
 from policies.cycle import Cycle
 from policies.forecast import made_room_for, onprem_start, onprem_starts
@@ -83,6 +84,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     "spot_failover": 0.0,  # 1: a job a spot interruption sent back takes spot again at once
     **MOVE_DEFAULTS,  # jobs on on-demand move to spot when it pays (burst_spot_move.py)
+    **HOME_DEFAULTS,  # jobs on rented machines come home to idle on-prem GPUs (burst_home.py)
     **{k: float(v) for k, v in CostModel().__dict__.items()},
 }
 
@@ -136,6 +138,7 @@ def sla_burst(cycle: Cycle) -> None:
         if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
             leaving.add(job.id)
     spot_moves(cycle, cfg, costs, room)
+    home_moves(cycle, cfg, costs)
     drop_evictions_for(cycle, leaving)
     emit(cycle, new, jobs)
 

@@ -21,7 +21,7 @@ from broker.lifecycle import NodeUse, Verdict, scale_down
 from broker.model import InstanceState, NodeState
 from broker.plan import Plan, Snapshot
 from broker.sim.cloud import Clouds, CloudSpec, SimInstance
-from broker.state import ACTIVE, EvictionKind, JobState
+from broker.state import ACTIVE, LEAVES_MACHINE, EvictionKind, JobState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Simulation, _Run
@@ -53,8 +53,8 @@ class CloudRun:
         for launch in plan.launches:
             for inst in self.clouds.launch(launch, now):
                 self.sim._push(inst.ready_at, BOOT, inst.record.id)
-        moving = {p.job_id for p in plan.preemptions if p.kind is EvictionKind.SPOT_MOVE}
-        for job_id in sorted(moving):  # their on-demand machines drain at once
+        moving = {p.job_id for p in plan.preemptions if p.kind in LEAVES_MACHINE}
+        for job_id in sorted(moving):  # their rented machines drain at once
             for nid in self.sim.store.get(job_id).node_ids:
                 held = self.by_node.get(nid)
                 if held is not None and nid in self.live and {
@@ -206,6 +206,8 @@ class CloudRun:
         out["jobs_lost"] = self.jobs_lost
         out["spot_moves"] = sum(1 for j in self.sim.store.list_jobs() for h in j.history
                                 if h.kind is EvictionKind.SPOT_MOVE)
+        out["home_moves"] = sum(1 for j in self.sim.store.list_jobs() for h in j.history
+                                if h.kind is EvictionKind.HOME)
         out["sla_attainment_may_burst"] = self._attainment(horizon)
         out["deadline_misses"] = sum(
             1 for j in self.sim.store.list_jobs() if j.spec.deadline is not None

@@ -48,7 +48,7 @@ from broker.spot_signals import SpotSignals
 from broker.state import EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
-from policies.registry import PolicySet
+from policies.registry import PolicySet, settings_of
 
 ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
 # (cloud instances' events, broker/sim/cloudrun.py, are kinds 4 and up)
@@ -125,6 +125,7 @@ class Simulation:
         self._seq = 0
         self.busy = 0
         self.devices = sum(len(n.allocatable) for n in cluster.nodes)  # on nodes taking jobs
+        self.onprem_devices = self.devices
         self.busy_off = 0  # of ``busy``, GPUs on cloud nodes that take no new job (draining)
         may = {c.name for c in cluster.classes if c.may_preempt}
         quota = {t.name for t in cluster.teams if t.quota_gpus}
@@ -148,6 +149,10 @@ class Simulation:
         self.spot = SpotSignals(feeds=self.cloud.clouds.feed) if self.cloud else None
         # the teams' caps (a cluster file's budgets), kept as production does
         self.budgets = SimBudgets(self, cluster.budgets) if self.cloud is not None else None
+        # jobs on rented machines come home when on-prem GPUs stand idle (policies/burst_home.py):
+        # then a cycle can change something while nothing waits
+        self.home = self.cloud is not None and self.policy.burst == "sla" and bool(float(
+            settings_of(self.config.policy_settings, "sla").get("home_move", 0.0)))
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -272,6 +277,9 @@ class Simulation:
         cycle asked to be woken now (``Plan.wake_at``). A cycle after one whose plan said only
         a job leaving can change it (``Plan.until_event``: strict FIFO, nothing evicts) is
         skipped too until a job ends or is evicted."""
+        if self.home and self.queued_jobs == 0 and self.cloud_busy \
+                and self.busy - self.cloud_busy < self.onprem_devices:
+            force = True  # a job may come home
         if not force and (self.queued_jobs == 0 or self._stuck
                           or (self.busy - self.busy_off >= self.devices
                               and not self.preemptors)):

@@ -221,4 +221,4 @@ def test_production_drains_a_node_under_half_busy_and_one_whose_jobs_are_done() 
     assert decide(NOW, r, listed, n, {"m1": 4}, {"local": T}, {}, ids).steps == []
     [moving] = decide(NOW, r, listed, n, {"m1": 4}, {"local": T}, {}, ids,
                       leaving=lambda nid: nid == "m1").steps
-    assert (moving.drain, moving.reason) == ("m1", "its jobs move to spot")
+    assert (moving.drain, moving.reason) == ("m1", "its jobs leave it (for spot or on-prem)")
