@@ -7,9 +7,11 @@ has passed) while the job still runs on a rented machine, on-demand at about thr
 the price of spot, for the rest of its run: the busiest 14 days of seed 0 spend 82% of their
 cloud bill on on-demand machines of normal jobs that run longer than a day. A checkpointable
 job alone on its rented machines (on each, for a gang) moves home when, with nothing left
-pending in this cycle, the on-prem GPUs free after the cycle's starts hold it now and the
-rent it would still pay (its machines' price x its remaining predicted runtime) beats what
-the move costs (:func:`home_gain`):
+pending in this cycle, the on-prem GPUs free after the cycle's starts hold it now and still
+leave ``home_move_headroom_gpus`` free for the jobs that arrive next (a long job that fills
+the last free GPUs sends the next arrivals to the cloud), and the rent it would still pay
+(its machines' price x its remaining predicted runtime) beats what the move costs
+(:func:`home_gain`):
 
 1. the job is stopped (eviction kind ``home``, in its history and ``explain``): it
    checkpoints and goes back to the front of the queue, where the next cycle starts it on the
@@ -38,6 +40,7 @@ HOME_DEFAULTS: dict[str, float] = {
     "home_move": 0.0,  # 1: bring checkpointable jobs home from rented machines when it pays
     "home_move_min_gain_usd": 20.0,  # the expected saving a move must exceed
     "home_move_max": 2.0,  # moves home per job at most
+    "home_move_headroom_gpus": 8.0,  # on-prem GPUs left free after a move, for arrivals
 }
 
 
@@ -79,11 +82,18 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
                          costs.checkpoint_interval_s / 2, float(cfg["onprem_gpu_hour_usd"]))
         if gain > float(cfg["home_move_min_gain_usd"]):
             found.append((gain, job, tuple(here)))
+    free = sum(len(devs) for f in cycle.index.nodes.values() if f.node.site == "onprem"
+               for devs in f.devices.values())
+    headroom = float(cfg["home_move_headroom_gpus"])
     for gain, job, here in sorted(found, key=lambda f: (-f[0], f[1].id)):
+        gpus = max(job.res.gpus, 1) * job.res.nodes
+        if free - gpus < headroom:
+            continue
         allocs = cycle.index.find(job.res, ("onprem",))
         if allocs is None:
             continue
         cycle.index.take(allocs, job.res)  # kept for it until it restarts
+        free -= gpus
         cycle.evictions.append(Preempt(
             job.id, job.attempt, f"comes home from {', '.join(h.id for h in here)}: on-prem "
             f"GPUs stand idle, ${gain:,.0f} of rent saved over the rest of its run",

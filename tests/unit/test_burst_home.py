@@ -14,7 +14,7 @@ from broker.state import LEAVES_MACHINE, RESUMES_FIRST, EvictionKind
 from policies.burst_home import home_gain
 
 OD = 24.48  # 8 x V100 on-demand, $/h
-ON = {"sla": {"home_move": 1}}
+ON = {"sla": {"home_move": 1, "home_move_headroom_gpus": 0}}
 
 
 @pytest.mark.parametrize("case, remaining_s, rent, gpus, move", [
@@ -70,6 +70,10 @@ def test_through_the_cycle_a_job_comes_home_when_on_prem_stands_idle() -> None:
     assert move.reason.startswith("comes home from c: on-prem GPUs stand idle")
     assert _cycle(onprem_busy=True).preemptions == ()  # no room on-prem
     assert _cycle(settings={}).preemptions == ()  # off by default
+    # the default headroom: 8 GPUs must stay free on-prem after the move; 3 would
+    assert _cycle(settings={"sla": {"home_move": 1}}).preemptions == ()
+    assert len(_cycle(settings={"sla": {"home_move": 1, "home_move_headroom_gpus": 3}})
+               .preemptions) == 1
     assert _cycle(checkpoint=None).preemptions == ()  # it would lose all its work
     # a queued job takes the idle GPUs first
     blocked = _cycle(extra_queue=(pending("w", 4),))
@@ -96,7 +100,8 @@ def test_in_the_simulator_a_burst_job_comes_home_and_the_bill_falls(tmp_path: An
     results = {}
     for on in (0, 1):
         yaml = tmp_path / f"c{on}.yaml"
-        yaml.write_text(body + f"settings: {{sla: {{home_move: {on}}}}}\n")
+        yaml.write_text(body + f"settings: {{sla: {{home_move: {on}, "
+                        "home_move_headroom_gpus: 0}}\n")
         c = load_cluster(str(yaml))
         trace = load_trace(str(csv), classes=c.classes)
         results[on] = Simulation(c, trace, "spillway", check_invariants=True).run()
