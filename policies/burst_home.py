@@ -34,7 +34,7 @@ from broker.model import Instance, InstanceState, Job
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies.cycle import Cycle
-from policies.offers import CostModel
+from policies.offers import CostModel, alone_on
 
 HOME_DEFAULTS: dict[str, float] = {
     "home_move": 0.0,  # 1: bring checkpointable jobs home from rented machines when it pays
@@ -65,8 +65,7 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
     by_node = {i.node_id: i for i in cycle.snap.instances
                if i.state is InstanceState.READY and i.node_id}
     stopping = {p.job_id for p in cycle.evictions}
-    found: list[tuple[float, Job, tuple[Instance, ...]]] = []
-    here: list[Instance] | tuple[Instance, ...]
+    found: list[tuple[float, Job, list[Instance]]] = []
     for job in cycle.snap.active:
         if job.state is not JobState.RUNNING or job.spec.deadline is not None \
                 or not job.spec.checkpoint_dir or job.id in stopping \
@@ -75,13 +74,13 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
         held = [by_node.get(n) for n in job.node_ids]
         here = [h for h in held if h is not None]
         if not here or len(here) != len(held) \
-                or not all(_alone(cycle, job, n) for n in job.node_ids):
+                or not all(alone_on(cycle, job, n) for n in job.node_ids):
             continue
         gain = home_gain(cycle.end_of(job) - cycle.now, sum(h.price_per_hour for h in here),
                          max(job.res.gpus, 1) * job.res.nodes, costs.restart_s,
                          costs.checkpoint_interval_s / 2, float(cfg["onprem_gpu_hour_usd"]))
         if gain > float(cfg["home_move_min_gain_usd"]):
-            found.append((gain, job, tuple(here)))
+            found.append((gain, job, here))
     free = sum(len(devs) for f in cycle.index.nodes.values() if f.node.site == "onprem"
                for devs in f.devices.values())
     headroom = float(cfg["home_move_headroom_gpus"])
@@ -102,8 +101,3 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
 
 def _homes(job: Job) -> int:
     return sum(h.kind is EvictionKind.HOME for h in job.history)
-
-
-def _alone(cycle: Cycle, job: Job, node_id: str) -> bool:
-    held = cycle.snap.allocated.get(node_id, {})
-    return all(v.split(":")[0] == job.id for v in held.values())

@@ -29,6 +29,7 @@ from policies.cycle import Cycle
 from policies.offers import (
     Bin,
     CostModel,
+    alone_on,
     holds,
     job_share_per_hour,
     market_allowed,
@@ -83,7 +84,7 @@ def spot_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel,
                 or not job.spec.checkpoint_dir:
             continue
         held = [by_node.get(n) for n in job.node_ids]
-        if not held or any(h is None or _ONDEMAND not in h.offer_id or not _alone(cycle, job, n)
+        if not held or any(h is None or _ONDEMAND not in h.offer_id or not alone_on(cycle, job, n)
                            for h, n in zip(held, job.node_ids, strict=True)):
             continue
         here = [h for h in held if h is not None]
@@ -118,10 +119,6 @@ def _moves(cycle: Cycle) -> dict[str, list[Instance]]:
         cycle.notes["spot_moves"] = memo
     return memo
 
-
-def _alone(cycle: Cycle, job: Job, node_id: str) -> bool:
-    held = cycle.snap.allocated.get(node_id, {})
-    return all(v.split(":")[0] == job.id for v in held.values())
 
 
 def _free(cycle: Cycle, inst: Instance, job: Job) -> bool:

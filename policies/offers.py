@@ -56,6 +56,12 @@ def holds(offer: Offer, job: Job) -> bool:
     return res.gpus == 0 or bool(wanted_kinds(res, [(offer.gpu_model, None)]))
 
 
+def alone_on(cycle: Cycle, job: Job, node_id: str) -> bool:
+    """Does ``job`` hold every busy GPU of ``node_id`` (no other job runs there)?"""
+    held = cycle.snap.allocated.get(node_id, {})
+    return all(v.split(":")[0] == job.id for v in held.values())
+
+
 def job_share_per_hour(offer: Offer, job: Job) -> float:
     """The job's share of the offer's price: its GPUs' part, on every node of a gang.
     (What ``max_price_per_hour`` limits.)"""

@@ -199,8 +199,6 @@ class _Group:
     largest: float = 0.0
     jobs: int = 0
     gpus: int = 0  # of its jobs together
-    cols_o: list[int] = field(default_factory=list)
-    cols_c: list[int] = field(default_factory=list)
     col_m: int | None = None
     job: LbJob | None = None  # a whole job's own group
     slot_o: dict[int, int] = field(default_factory=dict)  # slot -> its on-prem column
@@ -363,13 +361,11 @@ def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int]
             o = lp.col(0.0, cap)
             lp.put(True, work_row, o, 1.0)
             used_on.setdefault(tkey, {}).setdefault(s, []).append(o)
-            g.cols_o.append(o)
             g.slot_o[s] = o
             if cloud:
                 c = lp.col(0.0, cap)
                 lp.put(True, work_row, c, 1.0)
                 used_cl.setdefault(tkey, {}).setdefault(s, []).append((c, g.gpus))
-                g.cols_c.append(c)
                 g.slot_c[s] = c
                 cap_row = lp.row(False, cap)
                 lp.put(False, cap_row, o, 1.0)
@@ -471,7 +467,7 @@ def solve(problem: LbProblem, objective: str = "cost", misses: Mapping[str, int]
                    len(lp.eq[0]) + len(lp.le[0]), built - started, done - built)
     if res.status == 0:
         x = res.x
-        out.cloud_gpu_hours = float(sum(x[c] for g in groups for c in g.cols_c))
-        out.onprem_gpu_hours = float(sum(x[o] for g in groups for o in g.cols_o))
+        out.cloud_gpu_hours = float(sum(x[c] for g in groups for c in g.slot_c.values()))
+        out.onprem_gpu_hours = float(sum(x[o] for g in groups for o in g.slot_o.values()))
         out.missed_gpu_hours = float(sum(x[g.col_m] for g in groups if g.col_m is not None))
     return out
