@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--policy", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--busiest-days", type=float, default=14.0)
+    ap.add_argument("--busiest-days", type=float, default=14.0,
+                    help="the busiest window of this many days; 0: the whole trace")
     ap.add_argument("--target-load", type=float, default=1.1)
     ap.add_argument("--json", required=True, help="where to write the jobs")
     ap.add_argument("--sla", action="store_true",
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --sla: only these classes (comma-separated; default all)")
     args = ap.parse_args(argv)
     req = SimRequest(cluster=args.cluster, policies=(args.policy,),
-                     busiest_days=args.busiest_days, target_load=args.target_load,
+                     busiest_days=args.busiest_days or None, target_load=args.target_load,
                      seed=args.seed, check=False)
     cluster, trace, _ = prepare(req)
     sim = Simulation(cluster, trace, bundle(args.policy, cluster.policies),
