@@ -195,6 +195,9 @@ class Clouds:
         for site in spec.sites:
             self._load_site(site, catalog, seed)
         self.instances: dict[str, SimInstance] = {}
+        # those not yet ended, in launch order: what records() walks each cycle (two months
+        # launch tens of thousands of instances; a cycle sees the few dozen alive)
+        self._live: dict[str, SimInstance] = {}
         self.launches = self.failed_launches = self.interruptions = 0
         self._offers_at: tuple[float, tuple[Offer, ...]] | None = None
 
@@ -260,7 +263,14 @@ class Clouds:
         return None if z is None else Feed(z.gap_s, (-z.offset_s) % z.gap_s, z.up)
 
     def records(self) -> tuple[Instance, ...]:
-        return tuple(i.record for i in self.instances.values() if not i.record.ended)
+        """The instances not ended, in launch order (those found ended leave the live set)."""
+        out = []
+        for pid, inst in list(self._live.items()):
+            if inst.record.ended:
+                del self._live[pid]
+            else:
+                out.append(inst.record)
+        return tuple(out)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -290,6 +300,7 @@ class Clouds:
             rec = rec.moved(InstanceState.BOOTING, now, "accepted")
             inst = self.instances[pid] = SimInstance(rec, offer, site, now + boot,
                                                      for_jobs=frozenset(launch.for_jobs))
+            self._live[pid] = inst
             out.append(inst)
         return out
 

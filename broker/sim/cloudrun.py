@@ -166,6 +166,10 @@ class CloudRun:
             self.sim.store.heartbeat(node, 0.0, now)
             lost = self.sim.store.expire(now)
             self.jobs_lost += len(lost)
+            # given back, it never returns: off the store's node list, as the provisioner
+            # does (two months would otherwise keep tens of thousands of DOWN nodes, read by
+            # every snapshot and every lease check)
+            self.sim.store.forget_node(node.id)
 
     def _unlive(self, node_id: str) -> None:
         """The node takes no new job: its GPUs leave ``sim.devices``, and those its jobs
