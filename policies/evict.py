@@ -77,13 +77,21 @@ def soon_free(cycle: Cycle) -> SoonFree:
 
 
 def fits(cycle: Cycle, job: Job, soon: SoonFree) -> bool:
-    """Would ``job`` fit on the devices free or being freed, on nodes whose CPUs and memory,
-    free or being freed, hold it too?"""
+    """Would ``job`` fit on the devices free or being freed, on nodes of a site it may use
+    (its ``sites``: a job kept off spot does not wait for a spot machine's GPUs) whose CPUs
+    and memory, free or being freed, hold it too?"""
     res = job.res
     host = _host_soon(cycle) if res.cpus or res.memory_gb else None
-    return any(sum(1 for nid in soon if soon[nid].get(k, 0) >= res.gpus and (
+    usable = _usable(cycle, job, soon)
+    return any(sum(1 for nid in usable if soon[nid].get(k, 0) >= res.gpus and (
         host is None or (host[nid][0] >= res.cpus and host[nid][1] >= res.memory_gb)))
         >= res.nodes for k in cycle.index.wanted(res))
+
+
+def _usable(cycle: Cycle, job: Job, soon: SoonFree) -> list[str]:
+    """The nodes of ``soon`` on a site ``job`` may run on."""
+    nodes, sites = cycle.index.nodes, job.spec.sites
+    return [nid for nid in soon if nid in nodes and cycle.index.site_ok(nodes[nid], sites)]
 
 
 def _host_soon(cycle: Cycle) -> dict[str, tuple[float, float]]:
@@ -105,8 +113,9 @@ def _host_soon(cycle: Cycle) -> dict[str, tuple[float, float]]:
 def claim(cycle: Cycle, job: Job, soon: SoonFree) -> None:
     """Count the devices ``job`` will take out of ``soon`` (so the next job does not)."""
     res = job.res
+    usable = _usable(cycle, job, soon)
     for k in cycle.index.wanted(res):
-        nodes = sorted((soon[n].get(k, 0), n) for n in soon if soon[n].get(k, 0) >= res.gpus)
+        nodes = sorted((soon[n].get(k, 0), n) for n in usable if soon[n].get(k, 0) >= res.gpus)
         if len(nodes) >= res.nodes:
             for _, nid in nodes[: res.nodes]:
                 soon[nid][k] -= res.gpus

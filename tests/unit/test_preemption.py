@@ -135,6 +135,19 @@ CASES = {
         [running("v", 4, "a", state=JobState.STOPPING), running("other", 4, "b")],
         [pending("c1", 4, submitted=1), pending("c2", 4, submitted=2)], {},
         {"other"}, {"c1": "Preempting", "c2": "Preempting"}),
+    # -- room the job may not use is no room being made (its ``sites``)
+    "free GPUs on a spot node the job may not use: it evicts on-prem": (
+        [node("a", 4), node("s", 4, site="aws:us-east-1:spot")], [running("v", 4)],
+        [pending("crit", 4, sites=("onprem", "cloud"))], {}, {"v"}, {"crit": "Preempting"}),
+    "GPUs stopping on a spot node the job may not use: it evicts on-prem": (
+        [node("a", 4), node("s", 4, site="aws:us-east-1:spot")],
+        [running("v", 4), running("gone", 4, "s", state=JobState.STOPPING)],
+        [pending("crit", 4, sites=("onprem", "cloud"))], {}, {"v"}, {"crit": "Preempting"}),
+    "GPUs stopping on a node it may use: it waits for them": (
+        [node("a", 4), node("s", 4, site="aws:us-east-1:spot")],
+        [running("v", 4), running("gone", 4, "s", state=JobState.STOPPING)],
+        [pending("crit", 4, sites=("onprem", "cloud", "spot"))], {}, set(),
+        {"crit": "Preempting"}),
 }
 
 
