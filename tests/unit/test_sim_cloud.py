@@ -169,3 +169,19 @@ def test_a_gpu_freed_on_prem_is_used_while_a_draining_cloud_node_still_runs_a_jo
     assert drained < 1500 < (rec["hi"].end_s or 0)  # the 8-GPU node drains with hi on it
     assert rec["lo"].first_start_s == 1500.0  # when short leaves its GPU
     assert res.metrics["jobs_lost"] == 0 and res.metrics["invariant_violations"] == 0
+
+
+def test_a_machine_given_back_leaves_the_store_and_the_cycle_s_instances() -> None:
+    """Released machines are forgotten (as the provisioner forgets them), so two months of
+    rentals do not pile up DOWN nodes that every snapshot reads; the instances a cycle sees
+    are those alive, and the books still hold every one."""
+    sim = Simulation(cluster(), JOBS, "spillway")
+    res = sim.run()
+    assert res.metrics["bursts"] == 1
+    assert sim.cloud is not None
+    clouds = sim.cloud.clouds
+    [inst] = clouds.instances.values()
+    assert inst.record.ended and inst.node is not None
+    assert [n.id for n in sim.store.nodes()] == ["n-00"]
+    assert clouds.records() == ()
+    assert res.metrics["sites"]["aws:us-east-1:ondemand"]["instances"] == 1
