@@ -12,8 +12,7 @@ deadline fixes this way. Run it from a checkout whose ``../shared`` holds the sp
 misses (their first start came later than their class's SLA after submission, or never came
 and the SLA had passed at the end), each with what on-prem ran when it arrived: its free GPUs,
 the running jobs by class, and those of them that had come home from the cloud (eviction kind
-``home``) or moved there from elsewhere. docs/burst.md found the late ``critical`` starts of
-home moves this way.
+``home``). docs/burst.md found the late ``critical`` starts of home moves this way.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from typing import Any
 from broker.energy_sim import SimEnergy
 from broker.sim.engine import Simulation
 from broker.sim.run import SimRequest, prepare
+from broker.state import EvictionKind
 from policies.registry import bundle
 
 
@@ -110,7 +110,7 @@ def sla_misses(sim: Simulation, classes: set[str]) -> list[dict[str, Any]]:
                     continue
                 busy += held
                 running[other.priority] = running.get(other.priority, 0) + held
-                if any(h.kind is not None and h.kind.value == "home" and h.time <= a.started_at
+                if any(h.kind is EvictionKind.HOME and h.time <= a.started_at
                        and h.attempt == a.number - 1 for h in other.history):
                     came_home.append(f"{other.id} ({held} GPUs, since "
                                      f"{(t - a.started_at) / 3600:.2f} h)")
