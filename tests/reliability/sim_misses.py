@@ -28,27 +28,37 @@ from broker.state import EvictionKind
 from policies.registry import bundle
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_sim_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments of one simulation run as ``spillway simulate`` runs it."""
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--policy", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--busiest-days", type=float, default=14.0,
                     help="the busiest window of this many days; 0: the whole trace")
     ap.add_argument("--target-load", type=float, default=1.1)
+
+
+def simulation(args: argparse.Namespace) -> Simulation:
+    """The simulation ``args`` (:func:`add_sim_args`) name, without the invariant checker."""
+    req = SimRequest(cluster=args.cluster, policies=(args.policy,),
+                     busiest_days=args.busiest_days or None, target_load=args.target_load,
+                     seed=args.seed, check=False)
+    cluster, trace, _ = prepare(req)
+    return Simulation(cluster, trace, bundle(args.policy, cluster.policies),
+                      check_invariants=False, seed=args.seed,
+                      energy=SimEnergy.for_trace(trace.origin))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_sim_args(ap)
     ap.add_argument("--json", required=True, help="where to write the jobs")
     ap.add_argument("--sla", action="store_true",
                     help="list the jobs that started past their SLA instead")
     ap.add_argument("--classes", default="",
                     help="with --sla: only these classes (comma-separated; default all)")
     args = ap.parse_args(argv)
-    req = SimRequest(cluster=args.cluster, policies=(args.policy,),
-                     busiest_days=args.busiest_days or None, target_load=args.target_load,
-                     seed=args.seed, check=False)
-    cluster, trace, _ = prepare(req)
-    sim = Simulation(cluster, trace, bundle(args.policy, cluster.policies),
-                     check_invariants=False, seed=args.seed,
-                     energy=SimEnergy.for_trace(trace.origin))
+    sim = simulation(args)
     result = sim.run()
     if args.sla:
         classes = {c for c in args.classes.split(",") if c}

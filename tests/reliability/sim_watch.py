@@ -17,11 +17,8 @@ import json
 from typing import Any
 
 import broker.sim.engine as engine
-from broker.energy_sim import SimEnergy
 from broker.plan import Plan
-from broker.sim.engine import Simulation
-from broker.sim.run import SimRequest, prepare
-from policies.registry import bundle
+from tests.reliability.sim_misses import add_sim_args, simulation
 
 
 class _Stop(Exception):
@@ -30,22 +27,13 @@ class _Stop(Exception):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cluster", required=True)
-    ap.add_argument("--policy", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--busiest-days", type=float, default=14.0,
-                    help="the busiest window of this many days; 0: the whole trace")
-    ap.add_argument("--target-load", type=float, default=1.1)
+    add_sim_args(ap)
     ap.add_argument("--jobs", required=True, help="the job ids to watch, comma-separated")
     ap.add_argument("--until-h", type=float, default=None)
     ap.add_argument("--every", action="store_true",
                     help="print every cycle while a watched job waits, with all its starts")
     args = ap.parse_args(argv)
     watch = set(args.jobs.split(","))
-    req = SimRequest(cluster=args.cluster, policies=(args.policy,),
-                     busiest_days=args.busiest_days or None, target_load=args.target_load,
-                     seed=args.seed, check=False)
-    cluster, trace, _ = prepare(req)
     last: dict[str, str] = {}
     inner = engine.run_cycle
 
@@ -81,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         return plan
 
     engine.run_cycle = run_cycle  # type: ignore[assignment]
-    sim = Simulation(cluster, trace, bundle(args.policy, cluster.policies),
-                     check_invariants=False, seed=args.seed,
-                     energy=SimEnergy.for_trace(trace.origin))
+    sim = simulation(args)
     with contextlib.suppress(_Stop):
         sim.run()
 
