@@ -55,7 +55,7 @@ from policies.burst_evictions import drop_evictions_for, victims_cost
 from policies.burst_home import HOME_DEFAULTS, home_moves
 from policies.burst_spot_move import MOVE_DEFAULTS, moving_bins, spot_moves
 from policies.cycle import Cycle
-from policies.forecast import made_room_for, onprem_start, onprem_starts
+from policies.forecast import QueueForecast, made_room_for, onprem_start, onprem_starts
 from policies.offers import (
     Bin,
     CostModel,
@@ -177,7 +177,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
             return False
         _book(cycle, job, early[0], room, new, early[1], early=True)
         return True
-    start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
+    start = _forecast(cycle).start(pos, leaving)
     if start <= target and job.id not in made_room_for(cycle):
         return False  # on-prem meets its SLA
     evict_cost = victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
@@ -235,7 +235,7 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
             starts = cycle.notes["burst_early_starts"] = onprem_starts(cycle, cycle.blocked)
         if starts.get(job.id, math.inf) <= target:
             return None
-        start = onprem_start(cycle, job, cycle.blocked[:pos], leaving)
+        start = _forecast(cycle).start(pos, leaving)
         if start <= target:
             return None
     kept = cycle.pending.get(job.id)
@@ -247,6 +247,15 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
             cycle.pending[job.id] = kept
         return None
     return choice, start
+
+
+def _forecast(cycle: Cycle) -> QueueForecast:
+    """The on-prem forecasts of the queue's jobs with the jobs leaving it skipped, in one
+    sweep per cycle (policies/forecast.py)."""
+    out = cycle.notes.get("burst_forecast")
+    if out is None:
+        out = cycle.notes["burst_forecast"] = QueueForecast(cycle, cycle.blocked)
+    return out  # type: ignore[no-any-return]
 
 
 def _spot_interrupted(job: Job) -> bool:

@@ -176,3 +176,73 @@ def _one(cycle: Cycle, job: Job, free: int, ends: list[tuple[float, int]], t: fl
     for item in popped:
         heapq.heappush(ends, item)
     return max(cycle.now, t) if free >= need else math.inf
+
+
+class QueueForecast:
+    """:func:`onprem_start` of the jobs of ``queue`` asked in queue order while a set of
+    ``leaving`` jobs grows (the burst phase's loop): one sweep per set of on-prem kinds, kept
+    between calls and advanced to the job asked, instead of one pass over the jobs ahead per
+    job. Exactly :func:`onprem_start` with ``ahead = queue[:pos]``. A sweep that already
+    counted a job that has since joined ``leaving`` (one that bursts to make room for a job
+    behind it), or that is asked about an earlier position, starts again from the front.
+    ``leaving`` must only grow between calls."""
+
+    def __init__(self, cycle: Cycle, queue: list[Job]) -> None:
+        self.cycle, self.queue = cycle, queue
+        self._sweeps: dict[frozenset[Kind], _Sweep] = {}
+        self._known: set[str] = set()
+
+    def start(self, pos: int, leaving: Collection[str]) -> float:
+        cycle, job = self.cycle, self.queue[pos]
+        kinds = onprem_kinds(cycle, job)
+        if not kinds or _shortcut(cycle, job):
+            return _one(cycle, job, 0, [], cycle.now, True)  # (inf after the shortcuts)
+        if len(leaving) != len(self._known):
+            new = set(leaving) - self._known
+            for k in [k for k, s in self._sweeps.items() if not s.counted.isdisjoint(new)]:
+                del self._sweeps[k]
+            self._known |= new
+        sw = self._sweeps.get(kinds)
+        if sw is None or sw.next > pos:
+            sw = self._sweeps[kinds] = _Sweep(cycle, kinds)
+        sw.advance(self.queue, pos, leaving)
+        return _one(cycle, job, sw.free, sw.ends, sw.t, sw.stuck)
+
+
+def _shortcut(cycle: Cycle, job: Job) -> bool:
+    """Is the job's forecast its reservation or its evictions', whatever the pool?"""
+    sh = cycle.shadow
+    return (sh is not None and sh.reservation.job_id == job.id) \
+        or job.id in made_room_for(cycle)
+
+
+class _Sweep:
+    """The pool of one set of on-prem kinds after the queue's jobs before ``next``."""
+
+    def __init__(self, cycle: Cycle, kinds: frozenset[Kind]) -> None:
+        self.cycle, self.kinds = cycle, kinds
+        self.free = _free_now(cycle, kinds)
+        self.ends: list[tuple[float, int]] = [(t, n) for t, k, n in _releases(cycle)
+                                              if k in kinds]
+        heapq.heapify(self.ends)
+        self.t = cycle.now
+        self.stuck = False
+        self.next = 0
+        self.counted: set[str] = set()
+
+    def advance(self, queue: list[Job], pos: int, leaving: Collection[str]) -> None:
+        cycle = self.cycle
+        while self.next < pos:
+            other = queue[self.next]
+            self.next += 1
+            if self.stuck or other.id in leaving \
+                    or not (onprem_kinds(cycle, other) & self.kinds):
+                continue
+            take = other.res.total_gpus
+            self.counted.add(other.id)
+            self.free, self.t = _advance(self.free, take, self.ends, self.t)
+            if self.free < take:
+                self.stuck = True  # a job ahead waits for GPUs that never free up
+                continue
+            self.free -= take
+            heapq.heappush(self.ends, (self.t + min(cycle.estimate(other), 1e12), take))
