@@ -16,10 +16,13 @@ whose ``sites`` allow a cloud:
    ``spot_failover`` (off: it kept more work in the cloud and cost more over 14 days), a job
    a spot interruption sent back takes spot again at once where there is some.
 3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
-   the target, it stays. If on-prem starts it sooner than a boot, it stays
-   (``BurstNotWorthIt``). If the target can no longer be met even by the cloud, bursting buys
-   only time: it bursts if the cloud starts it at least ``late_min_gain_s`` sooner (to spot
-   only with ``lost_sla_spot_only``, off until measured).
+   the target with the fastest boot to spare (``stay_needs_boot``; 0: just meets it), it
+   stays, and a cycle is asked for at the forecast start: if a job ahead ran over its
+   expected end and on-prem has not started it by then, the next forecast says so while a
+   boot still fits. If on-prem starts it sooner than a boot, it stays (``BurstNotWorthIt``;
+   it too is looked at again at the forecast start). If the target can no longer be met even
+   by the cloud, bursting buys only time: it bursts if the cloud starts it at least
+   ``late_min_gain_s`` sooner (to spot only with ``lost_sla_spot_only``, off until measured).
 4. Otherwise the offer with the lowest expected cost to finish it (policies/offers.py: price x
    runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
    and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
@@ -83,6 +86,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "lost_sla_spot_only": 0.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     "spot_failover": 0.0,  # 1: a job a spot interruption sent back takes spot again at once
+    "stay_needs_boot": 1.0,  # 1: stay on-prem only with a boot to spare; look again then
     **MOVE_DEFAULTS,  # jobs on on-demand move to spot when it pays (burst_spot_move.py)
     **HOME_DEFAULTS,  # jobs on rented machines come home to idle on-prem GPUs (burst_home.py)
     **{k: float(v) for k, v in CostModel().__dict__.items()},
@@ -178,16 +182,22 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         _book(cycle, job, early[0], room, new, early[1], early=True)
         return True
     start = _forecast(cycle).start(pos, leaving)
-    if start <= target and job.id not in made_room_for(cycle):
+    fastest = min(costs.boot(o) for o in offers)
+    spare = fastest if cfg["stay_needs_boot"] else 0.0
+    recheck = bool(cfg["stay_needs_boot"]) and now < start < math.inf
+    if start <= target - spare and job.id not in made_room_for(cycle):
+        if recheck:
+            _wake(cycle, start)  # not started by then (a job ahead ran over): a boot fits
         return False  # on-prem meets its SLA
     evict_cost = victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 0.0:
         return False
-    fastest = min(costs.boot(o) for o in offers)
     if start <= now + fastest:
         cycle.pending[job.id] = Reason(
             "BurstNotWorthIt", f"on-prem is expected to start it in ~{dur(start - now)}, "
             f"sooner than a cloud machine boots (~{dur(fastest)})")
+        if recheck:
+            _wake(cycle, start)
         return False
     lost = now + fastest > target
     if lost and start - (now + fastest) < float(cfg["late_min_gain_s"]):
@@ -209,7 +219,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
             and choice.cost >= evict_cost:
         return False  # preempting costs the victims less than the cloud would
     if evict_cost is None and _make_room(cycle, job, cfg, costs, room, new, pos, leaving,
-                                         target, choice.cost):
+                                         target - spare, choice.cost):
         return False  # cheaper jobs ahead of it burst instead; it starts on-prem in time
     _book(cycle, job, choice, room, new, start)
     return True
@@ -268,8 +278,9 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
                room: dict[tuple[str, str], float], new: list[Bin], pos: int,
                leaving: set[str], target: float, own_cost: float) -> bool:
     """Burst jobs ahead of ``job`` instead, cheapest per GPU first, if that costs less than
-    bursting ``job`` and lets on-prem start it within its SLA (a long job at the back of the
-    queue costs more in the cloud than the short ones ahead of it)."""
+    bursting ``job`` and lets on-prem start it by ``target`` (its SLA less the boot to spare of
+    ``stay_needs_boot``): a long job at the back of the queue costs more in the cloud than the
+    short ones ahead of it."""
     ahead = cycle.blocked[:pos]
     limit = int(cfg["make_room_max_jobs"])
     cands: list[tuple[float, Job, _Choice]] = []

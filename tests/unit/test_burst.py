@@ -90,8 +90,14 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [late(left=5000)], {"offers": (offer("spot", available=False), OD)}, [],
         {"p": "Resources"}),
     "on-prem meets its SLA: it stays": (
-        [late(left=100)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 50)]},
+        [late(left=100)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 20)]},
         [], {"p": "Resources"}),
+    "on-prem meets its SLA with no boot to spare: it bursts": (
+        [late(left=300)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 270)]},
+        [(SPOT.id, 1, ("p",))], {"p": "Bursting"}),
+    "on-prem meets its SLA with no boot to spare: it stays (stay_needs_boot 0)": (
+        [late(left=300)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 270)],
+                           "settings": {"stay_needs_boot": 0}}, [], {"p": "Resources"}),
     "on-prem starts it sooner than a boot": (
         [late(left=-500)], {"active": [running("r", 4, time_limit=10_000 - 1000 + 30)]},
         [], {"p": "BurstNotWorthIt"}),
@@ -134,7 +140,7 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [late("short", 1, priority="high", left=50_000, time_limit=H),
          late("long", 1, left=100, time_limit=20 * H)],
         {"nodes": [node("a", 1)],
-         "active": [running("r", 1, time_limit=10_000 - 1000 + 50, priority="critical")]},
+         "active": [running("r", 1, time_limit=10_000 - 1000 + 20, priority="critical")]},
         [(SPOT.id, 1, ("short",))], {"short": "Bursting", "long": "Resources"}),
     "a gang takes one instance a node": (
         [late(nodes=2)], {}, [(SPOT.id, 2, ("p",))], {}),
@@ -155,6 +161,21 @@ def test_it_asks_to_be_woken_at_its_decision_time() -> None:
     assert plan.wake_at == pytest.approx(NOW + 1000 - 60 - 300)
     assert launched(cycle([late(left=1000)], offers=(OD,), now=NOW + 640)) == \
         [(OD.id, 1, ("p",))]
+
+
+@pytest.mark.parametrize(("left", "ends", "code"), [
+    (300, 200, "Resources"),  # on-prem meets its SLA with a boot to spare
+    (-500, 30, "BurstNotWorthIt"),  # on-prem starts it sooner than a boot could
+])
+def test_a_job_that_stays_is_looked_at_again_at_its_forecast_start(
+        left: float, ends: float, code: str) -> None:
+    """If on-prem has not started it by then (a job ahead ran over), a boot still fits."""
+    plan = cycle([late(left=left)], active=[running("r", 4, time_limit=10_000 - 1000 + ends)])
+    assert plan.pending["p"].code == code
+    assert plan.wake_at == pytest.approx(NOW + ends)
+    plan = cycle([late(left=left)], active=[running("r", 4, time_limit=10_000 - 1000 + ends)],
+                 settings={"stay_needs_boot": 0})
+    assert plan.wake_at is None
 
 
 def test_a_booting_instance_is_used_before_renting_another() -> None:
