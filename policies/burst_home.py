@@ -37,7 +37,7 @@ from policies.cycle import Cycle
 from policies.offers import CostModel, alone_on
 
 HOME_DEFAULTS: dict[str, float] = {
-    "home_move": 0.0,  # 1: bring checkpointable jobs home from rented machines when it pays
+    "home_move": 1.0,  # 1: bring checkpointable jobs home from rented machines when it pays
     "home_move_min_gain_usd": 20.0,  # the expected saving a move must exceed
     "home_move_max": 2.0,  # moves home per job at most
     "home_move_headroom_gpus": 8.0,  # on-prem GPUs left free after a move, for arrivals
