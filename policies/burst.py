@@ -17,11 +17,10 @@ whose ``sites`` allow a cloud:
    a spot interruption sent back takes spot again at once where there is some.
 3. At its decision time, its on-prem start is forecast (policies/forecast.py). If that meets
    the target with the fastest boot to spare (``stay_needs_boot``; 0: just meets it), it
-   stays, and a cycle is asked for at the forecast start: if a job ahead ran over its
-   expected end and on-prem has not started it by then, the next forecast says so while a
-   boot still fits. If on-prem starts it sooner than a boot, it stays (``BurstNotWorthIt``;
-   it too is looked at again at the forecast start). If the target can no longer be met even
-   by the cloud, bursting buys only time: it bursts if the cloud starts it at least
+   stays: a forecast with less to spare has no room for a job ahead that runs over its
+   expected end, and no later cycle could burst it in time. If on-prem starts it sooner than
+   a boot, it stays (``BurstNotWorthIt``). If the target can no longer be met even by the
+   cloud, bursting buys only time: it bursts if the cloud starts it at least
    ``late_min_gain_s`` sooner (to spot only with ``lost_sla_spot_only``, off until measured).
 4. Otherwise the offer with the lowest expected cost to finish it (policies/offers.py: price x
    runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
@@ -86,7 +85,7 @@ SLA_DEFAULTS: dict[str, float] = {
     "lost_sla_spot_only": 0.0,  # 1: a job whose SLA is lost bursts to spot only
     "early_spot": 1.0,  # 1: spot before the decision time for a job forecast to breach
     "spot_failover": 0.0,  # 1: a job a spot interruption sent back takes spot again at once
-    "stay_needs_boot": 1.0,  # 1: stay on-prem only with a boot to spare; look again then
+    "stay_needs_boot": 1.0,  # 1: stay on-prem only with the fastest boot to spare
     **MOVE_DEFAULTS,  # jobs on on-demand move to spot when it pays (burst_spot_move.py)
     **HOME_DEFAULTS,  # jobs on rented machines come home to idle on-prem GPUs (burst_home.py)
     **{k: float(v) for k, v in CostModel().__dict__.items()},
@@ -184,11 +183,8 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     start = _forecast(cycle).start(pos, leaving)
     fastest = min(costs.boot(o) for o in offers)
     spare = fastest if cfg["stay_needs_boot"] else 0.0
-    recheck = bool(cfg["stay_needs_boot"]) and now < start < math.inf
     if start <= target - spare and job.id not in made_room_for(cycle):
-        if recheck:
-            _wake(cycle, start)  # not started by then (a job ahead ran over): a boot fits
-        return False  # on-prem meets its SLA
+        return False  # on-prem meets its SLA (with a boot to spare)
     evict_cost = victims_cost(cycle, job, cfg) if job.id in made_room_for(cycle) else None
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 0.0:
         return False
@@ -196,8 +192,6 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         cycle.pending[job.id] = Reason(
             "BurstNotWorthIt", f"on-prem is expected to start it in ~{dur(start - now)}, "
             f"sooner than a cloud machine boots (~{dur(fastest)})")
-        if recheck:
-            _wake(cycle, start)
         return False
     lost = now + fastest > target
     if lost and start - (now + fastest) < float(cfg["late_min_gain_s"]):

@@ -163,21 +163,6 @@ def test_it_asks_to_be_woken_at_its_decision_time() -> None:
         [(OD.id, 1, ("p",))]
 
 
-@pytest.mark.parametrize(("left", "ends", "code"), [
-    (300, 200, "Resources"),  # on-prem meets its SLA with a boot to spare
-    (-500, 30, "BurstNotWorthIt"),  # on-prem starts it sooner than a boot could
-])
-def test_a_job_that_stays_is_looked_at_again_at_its_forecast_start(
-        left: float, ends: float, code: str) -> None:
-    """If on-prem has not started it by then (a job ahead ran over), a boot still fits."""
-    plan = cycle([late(left=left)], active=[running("r", 4, time_limit=10_000 - 1000 + ends)])
-    assert plan.pending["p"].code == code
-    assert plan.wake_at == pytest.approx(NOW + ends)
-    plan = cycle([late(left=left)], active=[running("r", 4, time_limit=10_000 - 1000 + ends)],
-                 settings={"stay_needs_boot": 0})
-    assert plan.wake_at is None
-
-
 def test_a_booting_instance_is_used_before_renting_another() -> None:
     first = cycle([late()])
     (launch,) = first.launches
