@@ -85,7 +85,7 @@ class Config:
     # agent's own user
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint; not its own carbon
-    # pauses, broker/state.py PLANNED_PAUSES)
+    # pauses nor spot interruptions, broker/state.py UNCOUNTED_STOPS)
     hold_if_infeasible: bool = False  # queue a job that no registered node could ever hold
     # (false: submit refuses it, naming the field; true: it waits, e.g. for nodes to register)
     default_class: str = "normal"

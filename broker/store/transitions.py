@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, Job
 from broker.plan import Start
-from broker.state import ACTIVE, PLANNED_PAUSES, TERMINAL, EvictionKind, JobState
+from broker.state import ACTIVE, TERMINAL, UNCOUNTED_STOPS, EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, JobEvent, Started
 
 S = JobState
@@ -144,15 +144,15 @@ def outcomes(job: Job, outcome: JobState) -> int:
 
 def counted_preemptions(job: Job) -> int:
     """The job's preemptions that count toward ``max_preemptions``: its attempts that ended
-    PREEMPTED, less its own pauses through dirty-power peaks
-    (:data:`~broker.state.PLANNED_PAUSES`), each found by the kind on the STOPPING entry
+    PREEMPTED, less its own pauses through dirty-power peaks and its spot interruptions
+    (:data:`~broker.state.UNCOUNTED_STOPS`), each found by the kind on the STOPPING entry
     before a PREEMPTED one in its history."""
     planned, kind = 0, None
     for h in job.history:
         if h.state is S.STOPPING:
             kind = h.kind
         elif h.state is S.PREEMPTED:
-            planned += kind in PLANNED_PAUSES
+            planned += kind in UNCOUNTED_STOPS
             kind = None
     return outcomes(job, S.PREEMPTED) - planned
 

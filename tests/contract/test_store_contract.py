@@ -677,16 +677,18 @@ def test_preemptions_are_not_losses_and_have_their_own_limit(  # type: ignore[no
     assert job.history[-1].reason == "Gave up after 3 preemptions (max_preemptions 3)"
 
 
-def test_carbon_pauses_do_not_count_toward_the_preemption_limit(  # type: ignore[no-untyped-def]
-        store_factory) -> None:
+@pytest.mark.parametrize("free", [EvictionKind.CARBON, EvictionKind.SPOT])
+def test_pauses_and_spot_stops_do_not_count_toward_the_limit(  # type: ignore[no-untyped-def]
+        store_factory, free: EvictionKind) -> None:
     """A checkpointed job's own pauses through dirty-power peaks (kind carbon) are its plan,
     not evictions it suffers: a multi-week job pauses about twice a day, and one of the 14-day
-    carbon runs failed a 16-GPU job after 100 of them. Other kinds still count."""
+    carbon runs failed a 16-GPU job after 100 of them. Spot interruptions are the market's: the
+    two months of seed 0 failed a month-long job on spot at its 100th eviction. Other kinds
+    still count."""
     store = store_factory(Config(max_preemptions=2))
     live(store, node("n1"))
     job = store.submit(spec(), T0)
-    kinds = (EvictionKind.CARBON, EvictionKind.CARBON, EvictionKind.CARBON,
-             EvictionKind.PRIORITY, EvictionKind.CARBON, EvictionKind.MOVE)
+    kinds = (free, free, free, EvictionKind.PRIORITY, free, EvictionKind.MOVE)
     for attempt, kind in enumerate(kinds, 1):
         job = running(store, store.get(job.id), ("n1", ["n1-g0"]), now=T0 + attempt)
         store.preempt(job.id, attempt, T0 + attempt + 0.1, "pause", kind)
