@@ -9,7 +9,7 @@ burst-timer,cloud-cheapest``); each ONPREM.json (optional) the ``spillway`` run 
 window and seed on ``seed-160`` (no cloud), for the on-prem utilisation check. Targets
 (issue 19): ``spillway``'s ``cloud_cost_usd`` at most 0.70 x ``burst-immediate``'s and 0.85 x
 ``burst-timer``'s (the mean over seeds; no seed more than 0.03 over), its SLA attainment over
-the classes that may burst at least 0.99 and no lower than either baseline's, ``jobs_lost`` 0,
+the classes that may burst at least 0.99 and no lower than either baseline's, ``jobs_lost`` and ``jobs_failed`` 0,
 no invariant violation, on-prem busy utilisation no lower than without the cloud.
 """
 
@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 KEYS = ("cloud_cost_usd", "cloud_gpu_hours", "idle_instance_hours", "bursts",
-        "spot_interruptions", "spot_moves", "jobs_lost", "deadline_misses", "sla_attainment",
-        "sla_attainment_may_burst", "busy_utilization", "invariant_violations", "wall_s")
+        "spot_interruptions", "spot_moves", "jobs_lost", "jobs_failed", "deadline_misses",
+        "sla_attainment", "sla_attainment_may_burst", "busy_utilization", "invariant_violations",
+        "wall_s")
 TARGETS = {"burst-immediate": 0.70, "burst-timer": 0.85}
 SLACK = 0.03
 
@@ -66,6 +67,7 @@ def compare(paths: Sequence[str], onprem: Sequence[str] = ()) -> dict[str, Any]:
             "attainment_no_lower_than_baselines": all(
                 att >= (pols[n]["sla_attainment_may_burst"] or 0.0) for n in TARGETS if n in pols),
             "jobs_lost_0": all(r["jobs_lost"] == 0 for r in pols.values()),
+            "jobs_failed_0": all(not r.get("jobs_failed") for r in pols.values()),
             "no_violations": all(not r["invariant_violations"] for r in pols.values()),
         }
         alone = base.get((window, seed))

@@ -378,17 +378,21 @@ class Simulation:
         sigterm = stop.time if stop is not None else now
         done = (sigterm - run.started) * run.rate
         self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)
+        after = job
         for a in job.allocations:
-            self.store.report(job_id, attempt, Exited(a.rank, 0, STOPPED), now)
+            after = self.store.report(job_id, attempt, Exited(a.rank, 0, STOPPED), now)
         self.busy -= run.gpus
         if self.cloud is not None:
             self.cloud.moved(run, -1, now)
         rec = self.records[job_id]
+        rec.failed = after.state is JobState.FAILED  # gave up: it waits for nothing any more
         rec.preemptions += 1
         kind = stop.kind if stop is not None else None
         rec.moves += kind is EvictionKind.MOVE
         rec.yields += kind is EvictionKind.RELIEF
         rec.lost_gpu_s += run.gpus * (now - sigterm)
+        if rec.failed:
+            return
         self.queued_jobs += 1
         self.queued_gpus += run.gpus
         self.preemptors += self._can_preempt(self.trace_jobs[job_id])

@@ -169,7 +169,7 @@ def compute_metrics(
     teams: dict[str, _Group] = defaultdict(_Group)
     classes: dict[str, _Group] = defaultdict(_Group)
     jcts: list[float] = []
-    finished = infeasible = unfinished = started = preemptions = moves = yields = 0
+    finished = infeasible = unfinished = started = preemptions = moves = yields = failed = 0
     lost_gpu_s = 0.0
 
     for rec in result.records:
@@ -187,6 +187,7 @@ def compute_metrics(
             continue
         if rec.end_s is None:
             unfinished += 1
+            failed += rec.failed
         if rec.first_start_s is None:
             # Never started: a miss if it had already waited past its SLA by the horizon's end.
             if horizon_end - rec.submit_s > rec.sla_s:
@@ -222,6 +223,7 @@ def compute_metrics(
         "started": started,
         "infeasible": infeasible,
         "unfinished": unfinished,
+        "jobs_failed": failed,
         "utilization": _ratio(utilization),
         "busy_utilization": _ratio(busy_util),
         "wait_mean_s": _secs(_mean(waits)),

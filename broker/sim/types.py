@@ -54,6 +54,7 @@ class JobRecord:
     yields: int = 0  # of which relief evictions (it made room for a starved short job)
     lost_gpu_s: float = 0.0  # GPU-seconds of work thrown away by preemptions
     infeasible: bool = False  # could never fit the cluster
+    failed: bool = False  # gave up (``max_preemptions``): it never finishes
 
 
 @dataclass(frozen=True)
