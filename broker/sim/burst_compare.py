@@ -9,8 +9,9 @@ burst-timer,cloud-cheapest``); each ONPREM.json (optional) the ``spillway`` run 
 window and seed on ``seed-160`` (no cloud), for the on-prem utilisation check. Targets
 (issue 19): ``spillway``'s ``cloud_cost_usd`` at most 0.70 x ``burst-immediate``'s and 0.85 x
 ``burst-timer``'s (the mean over seeds; no seed more than 0.03 over), its SLA attainment over
-the classes that may burst at least 0.99 and no lower than either baseline's, ``jobs_lost`` and ``jobs_failed`` 0,
-no invariant violation, on-prem busy utilisation no lower than without the cloud.
+the classes that may burst at least 0.99 and no lower than either baseline's, ``jobs_lost``
+and ``jobs_failed`` 0, no invariant violation, on-prem busy utilisation no lower than without
+the cloud.
 """
 
 from __future__ import annotations
