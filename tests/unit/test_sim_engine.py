@@ -8,6 +8,7 @@ from functools import cache
 
 import pytest
 
+from broker.config import Config
 from broker.sim.cluster import Cluster, cluster_from_data
 from broker.sim.engine import Simulation
 from broker.sim.types import JobRecord, SimResult, Trace, TraceJob
@@ -178,6 +179,17 @@ def test_critical_job_preempts_under_spillway() -> None:
     for r in victims:
         assert r.end_s > 5000  # type: ignore[operator]
         assert r.end_s < 5000 + 5000  # type: ignore[operator]
+
+
+def test_a_victim_that_gives_up_leaves_the_queue_and_is_counted() -> None:
+    """A job evicted ``max_preemptions`` times fails: ``jobs_failed`` counts it, and the queue
+    no longer holds it (it waits for nothing: counted as queued, it made every later idle
+    GPU count against ``busy_utilization``)."""
+    result = Simulation(tiny(), PREEMPT, "spillway", config=Config(max_preemptions=1)).run()
+    m = result.metrics
+    assert (m["jobs_failed"], m["unfinished"], m["finished"]) == (1, 1, 2)
+    assert [r.id[:4] for r in result.records if r.failed] == ["long"]
+    assert result.samples[-1].queued_jobs == 0
 
 
 def test_critical_job_waits_under_slurm_like() -> None:
