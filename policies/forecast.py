@@ -87,30 +87,13 @@ def onprem_start(cycle: Cycle, job: Job, ahead: Iterable[Job],
     """The forecast on-prem start of ``job`` (see the module docstring); ``ahead``: the jobs
     before it in the queue; ``leaving``: ids among them that will not run on-prem (bursting).
     ``math.inf`` when no on-prem GPU could ever hold it, or a job ahead never ends."""
-    sh = cycle.shadow
-    if sh is not None and sh.reservation.job_id == job.id:
-        return max(cycle.now, sh.reservation.start_at)
-    if job.id in made_room_for(cycle):
-        return cycle.now + cycle.snap.grace_s
     kinds = onprem_kinds(cycle, job)
-    if not kinds:
-        return math.inf
-    need = job.res.total_gpus
-    free = _free_now(cycle, kinds)
-    ends: list[tuple[float, int]] = [(t, n) for t, k, n in _releases(cycle) if k in kinds]
-    heapq.heapify(ends)
-    now = t = cycle.now
-    for other in ahead:
-        if other.id in leaving or not (onprem_kinds(cycle, other) & kinds):
-            continue
-        take = other.res.total_gpus
-        free, t = _advance(free, take, ends, t)
-        if free < take:
-            return math.inf  # a job ahead waits for GPUs that never free up
-        free -= take
-        heapq.heappush(ends, (t + min(cycle.estimate(other), 1e12), take))
-    free, t = _advance(free, need, ends, t)
-    return max(now, t) if free >= need else math.inf
+    if not kinds or _shortcut(cycle, job):
+        return _one(cycle, job, 0, [], cycle.now, True)  # (inf after the shortcuts)
+    queue = list(ahead)
+    sw = _Sweep(cycle, kinds)
+    sw.advance(queue, len(queue), leaving)
+    return _one(cycle, job, sw.free, sw.ends, sw.t, sw.stuck)
 
 
 def _advance(free: int, need: int, ends: list[tuple[float, int]], t: float
@@ -137,24 +120,10 @@ def onprem_starts(cycle: Cycle, jobs: Iterable[Job], leaving: Collection[str] = 
         if not kinds:
             out.update((queue[i].id, math.inf) for i in mine)
             continue
-        want = set(mine)
-        free = _free_now(cycle, kinds)
-        ends: list[tuple[float, int]] = [(t, n) for t, k, n in _releases(cycle) if k in kinds]
-        heapq.heapify(ends)
-        t = cycle.now
-        stuck = False
-        for i, other in enumerate(queue):
-            if i in want:
-                out[other.id] = _one(cycle, other, free, ends, t, stuck)
-            if stuck or other.id in leaving or not (onprem_kinds(cycle, other) & kinds):
-                continue
-            take = other.res.total_gpus
-            free, t = _advance(free, take, ends, t)
-            if free < take:
-                stuck = True  # a job ahead waits for GPUs that never free up
-                continue
-            free -= take
-            heapq.heappush(ends, (t + min(cycle.estimate(other), 1e12), take))
+        sw = _Sweep(cycle, kinds)
+        for i in mine:
+            sw.advance(queue, i, leaving)
+            out[queue[i].id] = _one(cycle, queue[i], sw.free, sw.ends, sw.t, sw.stuck)
     return out
 
 
