@@ -147,14 +147,14 @@ def counted_preemptions(job: Job) -> int:
     PREEMPTED, less its own pauses through dirty-power peaks and its spot interruptions
     (:data:`~broker.state.UNCOUNTED_STOPS`), each found by the kind on the STOPPING entry
     before a PREEMPTED one in its history."""
-    planned, kind = 0, None
+    uncounted, kind = 0, None
     for h in job.history:
         if h.state is S.STOPPING:
             kind = h.kind
         elif h.state is S.PREEMPTED:
-            planned += kind in UNCOUNTED_STOPS
+            uncounted += kind in UNCOUNTED_STOPS
             kind = None
-    return outcomes(job, S.PREEMPTED) - planned
+    return outcomes(job, S.PREEMPTED) - uncounted
 
 
 def requeued(job: Job, now: float, max_attempts: int, max_preemptions: int = 10**9) -> Job:
