@@ -124,6 +124,12 @@ def onprem_starts(cycle: Cycle, jobs: Iterable[Job], leaving: Collection[str] = 
         for i in mine:
             sw.advance(queue, i, leaving)
             out[queue[i].id] = _one(cycle, queue[i], sw.free, sw.ends, sw.t, sw.stuck)
+        # On to the end of the queue, though no job behind asks: the sweep asks the runtime
+        # estimate of every job it passes, and the predictor keeps each job's estimate until
+        # REFRESH runtimes after that job was first asked (policies/predictor.py), so which
+        # jobs are asked in a cycle moves later estimates, and plans. Stopping at the last job
+        # of ``kinds`` moved the busiest 14 days of seed 0 from 119,234 to 110,082 USD.
+        sw.advance(queue, len(queue), leaving)
     return out
 
 

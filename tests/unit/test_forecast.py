@@ -84,3 +84,32 @@ def test_the_kept_sweep_matches_one_forecast_per_job_as_jobs_leave() -> None:
             assert kept == alone or (math.isinf(kept) and math.isinf(alone)), job_id
             checked += math.isfinite(alone)
     assert checked > 100  # most forecasts are finite: the comparison is not of infinities
+
+
+def test_the_sweep_asks_the_estimate_of_every_job_it_passes() -> None:
+    """The predictor keeps a job's estimate for REFRESH runtimes after its first ask
+    (policies/predictor.py), so the jobs a cycle asks about move later estimates and plans.
+    The sweeps ask every job of the queue, as one forecast per job did: the last jobs of the
+    queue too, which no job behind them needs."""
+    nodes = [node("a", 4), node("b", 4, "H100-80GB")]
+    active = [running("r1", 4, started=NOW - 100, time_limit=3000, priority="normal"),
+              running("h", 4, on="b", started=NOW - 100, time_limit=5000, priority="normal")]
+    queue = [pending("p0", 2, priority="normal", time_limit=4000, gpu_types=("H100",)),
+             pending("p1", 4, priority="normal", time_limit=2000),
+             pending("p2", 1, priority="normal", time_limit=600)]
+    asked: list[str] = []
+
+    @register("burst", "test-forecast-asks")
+    def _asks(cycle: Cycle) -> None:
+        estimate = cycle.estimate
+
+        def counting(job: Any) -> float:
+            asked.append(job.id)
+            return estimate(job)
+
+        cycle.estimate = counting  # type: ignore[method-assign]
+        assert [j.id for j in cycle.blocked] == ["p0", "p1", "p2"]
+        onprem_starts(cycle, cycle.blocked)
+
+    forecasts(queue, active, nodes, burst="test-forecast-asks")
+    assert set(asked) == {"p0", "p1", "p2"}, asked
