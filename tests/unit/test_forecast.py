@@ -86,30 +86,35 @@ def test_the_kept_sweep_matches_one_forecast_per_job_as_jobs_leave() -> None:
     assert checked > 100  # most forecasts are finite: the comparison is not of infinities
 
 
+ASKED: list[str] = []
+
+
+@register("burst", "test-forecast-asks")
+def _asks(cycle: Cycle) -> None:
+    """Forecast the queue with every runtime estimate the forecast asks counted."""
+    estimate = cycle.estimate
+
+    def counting(job: Any) -> float:
+        ASKED.append(job.id)
+        return estimate(job)
+
+    cycle.estimate = counting  # type: ignore[method-assign]
+    onprem_starts(cycle, cycle.blocked)
+
+
 def test_the_sweep_asks_the_estimate_of_every_job_it_passes() -> None:
     """The predictor keeps a job's estimate for REFRESH runtimes after its first ask
     (policies/predictor.py), so the jobs a cycle asks about move later estimates and plans.
-    The sweeps ask every job of the queue, as one forecast per job did: the last jobs of the
-    queue too, which no job behind them needs."""
+    The sweeps ask every job of the queue, the last ones too (no job behind them needs
+    them), as the one loop per set of kinds did before commit 16bb7f9."""
     nodes = [node("a", 4), node("b", 4, "H100-80GB")]
     active = [running("r1", 4, started=NOW - 100, time_limit=3000, priority="normal"),
               running("h", 4, on="b", started=NOW - 100, time_limit=5000, priority="normal")]
     queue = [pending("p0", 2, priority="normal", time_limit=4000, gpu_types=("H100",)),
              pending("p1", 4, priority="normal", time_limit=2000),
              pending("p2", 1, priority="normal", time_limit=600)]
-    asked: list[str] = []
-
-    @register("burst", "test-forecast-asks")
-    def _asks(cycle: Cycle) -> None:
-        estimate = cycle.estimate
-
-        def counting(job: Any) -> float:
-            asked.append(job.id)
-            return estimate(job)
-
-        cycle.estimate = counting  # type: ignore[method-assign]
-        assert [j.id for j in cycle.blocked] == ["p0", "p1", "p2"]
-        onprem_starts(cycle, cycle.blocked)
-
-    forecasts(queue, active, nodes, burst="test-forecast-asks")
-    assert set(asked) == {"p0", "p1", "p2"}, asked
+    ASKED.clear()
+    SEEN.clear()
+    snapshot = snap(nodes, queue, active)
+    run_cycle(snapshot, PolicySet(burst="test-forecast-asks", name="t"), NOW)
+    assert set(ASKED) == {"p0", "p1", "p2"}, ASKED  # (all three wait: every GPU is held)
