@@ -54,17 +54,14 @@ RESUMES_FIRST = frozenset({EvictionKind.MOVE, EvictionKind.RELIEF, EvictionKind.
 #: (for spot, or for on-prem), and the machine would otherwise idle until the idle timeout
 LEAVES_MACHINE = frozenset({EvictionKind.SPOT_MOVE, EvictionKind.HOME})
 
-#: Evictions that are the job's own plan, not something it suffers: a checkpointed deferrable
-#: job pausing through a dirty-power peak (a multi-week job pauses about twice a day). They do
-#: not count toward ``max_preemptions`` (broker/store/transitions.py ``counted_preemptions``)
-PLANNED_PAUSES = frozenset({EvictionKind.CARBON})
-
-#: Evictions that do not count toward ``max_preemptions``: the job's planned pauses, and spot
-#: interruptions, which the market makes, not a scheduling loop (a month-long job on spot
-#: machines that go 0.5-1.2 times an hour held is interrupted hundreds of times and resumes
-#: from its checkpoint each time, as SkyPilot's managed jobs recover without limit; the two
-#: months of seed 0 failed such a job at its 100th eviction, most of them spot)
-UNCOUNTED_STOPS = PLANNED_PAUSES | {EvictionKind.SPOT}
+#: Evictions that do not count toward ``max_preemptions`` (broker/store/transitions.py
+#: ``counted_preemptions``): the job's own plan, a checkpointed deferrable job pausing through a
+#: dirty-power peak (a multi-week job pauses about twice a day); and spot interruptions, which
+#: the market makes, not a scheduling loop (a month-long job on spot machines that go 0.5-1.2
+#: times an hour held is interrupted hundreds of times and resumes from its checkpoint each
+#: time, as SkyPilot's managed jobs recover without limit; the two months of seed 0 failed such
+#: a job at its 100th eviction, most of them spot)
+UNCOUNTED_STOPS = frozenset({EvictionKind.CARBON, EvictionKind.SPOT})
 
 
 S = JobState

@@ -114,7 +114,5 @@ def test_the_sweep_asks_the_estimate_of_every_job_it_passes() -> None:
              pending("p1", 4, priority="normal", time_limit=2000),
              pending("p2", 1, priority="normal", time_limit=600)]
     ASKED.clear()
-    SEEN.clear()
-    snapshot = snap(nodes, queue, active)
-    run_cycle(snapshot, PolicySet(burst="test-forecast-asks", name="t"), NOW)
+    run_cycle(snap(nodes, queue, active), PolicySet(burst="test-forecast-asks", name="t"), NOW)
     assert set(ASKED) == {"p0", "p1", "p2"}, ASKED  # (all three wait: every GPU is held)
