@@ -17,6 +17,7 @@ from broker.cli import app
 from broker.cli.fidelity import summary
 from broker.fidelity.run import FidelityRequest, run_fidelity
 from broker.sim.run import SimRequest
+from tests.reliability import REALTIME
 
 START, END, LOAD_SCALE = "2017-10-12T00:00", "2017-10-12T02:00", 3.0
 K = 100.0  # the largest K that kept every run within the bounds on a loaded 2-core machine
@@ -42,6 +43,7 @@ def _run(policy: str, workdir: Path) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.xdist_group(REALTIME)
 def test_the_simulator_agrees_with_the_real_system(tmp_path: Path) -> None:
     runs = {p: _run(p, tmp_path / p) for p in ("spillway", "slurm-like")}
     for policy, data in runs.items():

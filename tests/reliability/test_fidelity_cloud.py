@@ -19,6 +19,7 @@ from broker.model import Instance, InstanceState
 from broker.sim.cluster import cluster_from_data
 from broker.sim.latency import Latencies, LatencySimulation
 from broker.sim.run import SimRequest
+from tests.reliability import REALTIME
 from tests.unit.test_sim_engine import tj, trace
 
 H = 3600.0
@@ -129,6 +130,7 @@ SLOWER_K = (K, 50.0, 25.0)  # as in test_fidelity.py: again, slower, if it fell 
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.xdist_group(REALTIME)
 def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> None:
     from broker.cli.fidelity import summary
 
