@@ -28,7 +28,7 @@ from broker.model.fit import Kind
 from broker.speed import convert_runtime
 from policies.cycle import Cycle
 from policies.defer import deferrable
-from policies.placement import Aligned
+from policies.placement import Aligned, FreeIndex
 from policies.registry import register
 
 _ENERGY = EnergyModel()
@@ -70,3 +70,36 @@ class AlignedCarbon(Aligned):
             if allocs is not None:
                 return allocs
         return super().place(cycle, job, end)
+
+
+def low_power_kinds(index: FreeIndex, job: Job, factor: float) -> list[Kind] | None:
+    """The device kinds ``job`` could ever run on whose energy for its work is within
+    ``factor`` of the least any of them needs (None: every kind it fits is, or none is:
+    nothing to wait for)."""
+    res = job.res
+    fits = [k for k in index.wanted(res)
+            if sum(1 for n in index.total[k] if n >= res.gpus) >= res.nodes]
+    if len(fits) < 2:
+        return None
+    ref = job.spec.gpu_types[0] if job.spec.gpu_types else None
+    energy = {k: energy_per_work(k[0], ref) for k in fits}
+    least = min(energy.values())
+    low = [k for k in fits if energy[k] <= factor * least]
+    return low if len(low) < len(fits) else None
+
+
+def waits_for_low_power(index: FreeIndex, job: Job, factor: float) -> list[Kind] | None:
+    """The low-power kinds (:func:`low_power_kinds`) a deferrable job should wait for now:
+    none of them has room for it, and another kind has (with no room anywhere it waits in
+    the queue as any job does, and may hold the reservation). None: it need not wait."""
+    if factor <= 0 or not job.res.gpus:
+        return None
+    low = low_power_kinds(index, job, factor)
+    if low is None:
+        return None
+    wanted = set(low)
+    nodes = [nid for nid, kinds in index.kinds_by_gpu.items()
+             if any(k in wanted for k in kinds.values())]
+    if index.find(job.res, job.spec.sites, only=nodes) is not None:
+        return None
+    return low if index.find(job.res, job.spec.sites) is not None else None

@@ -38,11 +38,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from broker.model import Job, PriorityClass
+from broker.model import Job, PriorityClass, Reason
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import reasons
 from policies.backfill import Easy
+from policies.carbon_place import waits_for_low_power
 from policies.cycle import Cycle
 from policies.defer import (
     Deferral,
@@ -51,6 +52,7 @@ from policies.defer import (
     plan,
     reason,
     smoothing_for,
+    when,
     window,
     zone_of,
 )
@@ -68,6 +70,8 @@ WAIT_DEFAULTS: dict[str, float] = {
     "wait_usd_per_gpu_hour": 0.0,  # with a carbon price: what an hour of waiting costs
     "pause": 0.0,  # 1: a checkpointed job plans to pause through dirty peaks (with the
     # carbon defer role, which pauses running jobs, policies/defer.py)
+    "low_power_factor": 0.0,  # > 0: a deferrable job with slack waits for GPUs of a model
+    # whose energy for its work is within this factor of the least (0: off)
 }
 CODE = reasons.DEFERRED_FOR_CARBON
 _NOTE = "carbon_wait_reasons"
@@ -192,10 +196,46 @@ def carbon_wait(cycle: Cycle, job: Job) -> str | None:
     zone = job_zone(cycle, job)
     d = decide(cycle, job, zone) if zone else None
     if d is None:
-        return None
+        return _low_power_wait(cycle, job) if zone else None
     cycle.notes.setdefault(_NOTE, {})[job.id] = reason(d, zone, job.spec.deadline)
     _wake(cycle, d.start_at)
     return CODE
+
+
+def _low_power_wait(cycle: Cycle, job: Job) -> str | None:
+    """With ``low_power_factor``: a deferrable job with slack left (not
+    :func:`out_of_slack`) that only higher-power GPUs have room for now waits for the
+    low-power ones (policies/carbon_place.py ``waits_for_low_power``): the same hours on a
+    V100 take a third of an H100's energy, more than the cleanest hour of the day saves
+    against the dirtiest, and the H100 goes to the job behind it."""
+    factor = float(cycle.settings("carbon-wait")["low_power_factor"])
+    if factor <= 0 or not deferrable(cycle.snap, job) or out_of_slack(cycle, job):
+        return None
+    until = _slack_ends(cycle, job)
+    if not math.isfinite(until):  # (a job that started and has no deadline: no bound)
+        return None
+    low = waits_for_low_power(cycle.index, job, factor)
+    if low is None:
+        return None
+    models = ", ".join(sorted({k[0] for k in low}))
+    cycle.notes.setdefault(_NOTE, {})[job.id] = Reason(
+        CODE, f"waiting for lower-power GPUs ({models}) to free up, at most until "
+              f"{when(until, cycle.now)}; the GPUs free now need more than {factor:g}x "
+              f"the energy for its work")
+    _wake(cycle, until)
+    return CODE
+
+
+def _slack_ends(cycle: Cycle, job: Job) -> float:
+    """When a deferrable job with slack runs out of it (:func:`out_of_slack`)."""
+    cls = cycle.snap.class_by_name.get(job.priority)
+    if cls is None:
+        return math.inf
+    t = _deadline_start(cycle, job) - deadline_margin(cycle, cls)
+    if not job.attempts:
+        t = min(t, job.submitted_at + float(cycle.settings("carbon-wait")["sla_share"])
+                * cls.sla_s)
+    return t
 
 
 @register("defer", "carbon-start")

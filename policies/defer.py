@@ -170,7 +170,7 @@ def zone_of(snap: Snapshot, node_id: str) -> str:
     return ""
 
 
-def _when(t: float, now: float) -> str:
+def when(t: float, now: float) -> str:
     stamp = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     hours = (t - now) / 3600
     return f"{stamp} (in {hours:.1f}h)"
@@ -179,8 +179,8 @@ def _when(t: float, now: float) -> str:
 def reason(d: Deferral, zone: str, deadline: float | None) -> Reason:
     """``DeferredForCarbon``, until when, and what it saves."""
     paused = f", in {len(d.runs)} parts" if len(d.runs) > 1 else ""
-    bound = f"; deadline {_when(deadline, d.now)}" if deadline is not None else ""
-    return Reason(CODE, f"waiting for cleaner power in {zone} until {_when(d.start_at, d.now)}"
+    bound = f"; deadline {when(deadline, d.now)}" if deadline is not None else ""
+    return Reason(CODE, f"waiting for cleaner power in {zone} until {when(d.start_at, d.now)}"
                         f"{paused}: forecast {d.planned_g:.0f} gCO2e/kWh over its run against "
                         f"{d.now_g:.0f} now ({100 * d.saving:.1f}% less){bound}")
 
@@ -264,5 +264,5 @@ def _pause_running(cycle: Cycle) -> None:
             continue
         cycle.evictions.append(Preempt(
             job.id, job.attempt, f"pausing for cleaner power in {zone} until "
-            f"{_when(d.start_at, d.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
+            f"{when(d.start_at, d.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
         _wake(cycle, d.start_at)

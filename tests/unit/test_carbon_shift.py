@@ -263,3 +263,52 @@ def test_a_job_out_of_slack_behind_the_head_keeps_the_gpus_it_needs(name: str) -
     assert [s.job_id for s in plan.starts] == [want]
     assert plan.reservation is not None and plan.reservation.job_id == "H"
     assert plan.reservation.start_at == now + 10 * H
+
+
+LOW = PolicySet(order="fifo", admit="carbon-wait", place="aligned-carbon",
+                defer="carbon-start", name="t")
+FLAT = tuple((h * H, 200.0) for h in range(48))  # no cleaner hour: only the GPUs matter
+
+
+# (job's priority, hours it has waited, the cluster's nodes, those busy, low_power_factor) ->
+# where it starts (None: it waits), and whether the wait is a low-power one
+LOW_POWER_ROWS: dict[str, tuple[str, float, str, str, float, tuple[str | None, bool]]] = {
+    "a V100 free: it starts there": ("flex", 0, "vh", "", 1.5, ("v", False)),
+    "only the H100 free: it waits for the V100": ("flex", 0, "vh", "v", 1.5, (None, True)),
+    "only the A100 free, factor 1.5 (an A100 needs 1.85x): waits": (
+        "flex", 0, "va", "v", 1.5, (None, True)),
+    "only the A100 free, factor 2: the A100 is low-power enough": (
+        "flex", 0, "va", "v", 2.0, ("a", False)),
+    "out of slack (waited 12 h of its 24 h SLA): the H100": ("flex", 12, "vh", "v", 1.5,
+                                                             ("h", False)),
+    "no V100 in the cluster: the H100": ("flex", 0, "hh", "", 1.5, ("h", False)),
+    "nothing free: it waits in the queue, not for low power": ("flex", 0, "vh", "vh", 1.5,
+                                                               (None, False)),
+    "factor 0 (off): the H100": ("flex", 0, "vh", "v", 0.0, ("h", False)),
+    "not deferrable: the H100": ("normal", 0, "vh", "v", 1.5, ("h", False)),
+}
+
+
+@pytest.mark.parametrize("name", LOW_POWER_ROWS)
+def test_deferrable_work_waits_for_low_power_gpus(name: str) -> None:
+    from tests.unit.test_preemption import running
+
+    priority, waited, models, busy, factor, (want, low_wait) = LOW_POWER_ROWS[name]
+    now = 100 * H
+    nodes = [node(f"{m}{i}", 1, MODELS[m]) for i, m in enumerate(models)]
+    hogs = [running(f"hog{n.id}", 1, on=n.id, priority="critical")
+            for n in nodes if n.id[0] in busy]
+    j = job("j", 1, priority=priority, submitted=now - waited * H, time_limit=2 * H,
+            sites=("onprem",))
+    snap = replace(snapshot(nodes, [j], hogs, now=now), classes=FLEX,
+                   sites=(Site(carbon_zone="US-CAL-CISO"),),
+                   carbon_forecast={"US-CAL-CISO": tuple((now + t, g) for t, g in FLAT)},
+                   settings={"carbon": {"step_s": H},
+                             "carbon-wait": {"low_power_factor": factor}})
+    plan = run_cycle(snap, LOW, now)
+    assert [s.allocations[0].node_id[0] for s in plan.starts] == ([want] if want else [])
+    why = plan.pending.get("j")
+    assert (why is not None and "lower-power GPUs" in why.message) is low_wait, why
+    if low_wait:
+        assert why is not None and why.code == "DeferredForCarbon"
+        assert plan.wake_at == j.submitted_at + 12 * H  # when its slack ends
