@@ -72,6 +72,8 @@ WAIT_DEFAULTS: dict[str, float] = {
     # carbon defer role, which pauses running jobs, policies/defer.py)
     "low_power_factor": 0.0,  # > 0: a deferrable job with slack waits for GPUs of a model
     # whose energy for its work is within this factor of the least (0: off)
+    "low_power_share": 0.25,  # ... until it first starts, for at most this share of its
+    # class SLA after its submission
 }
 CODE = reasons.DEFERRED_FOR_CARBON
 _NOTE = "carbon_wait_reasons"
@@ -204,15 +206,16 @@ def carbon_wait(cycle: Cycle, job: Job) -> str | None:
 
 def _low_power_wait(cycle: Cycle, job: Job) -> str | None:
     """With ``low_power_factor``: a deferrable job with slack left (not
-    :func:`out_of_slack`) that only higher-power GPUs have room for now waits for the
-    low-power ones (policies/carbon_place.py ``waits_for_low_power``): the same hours on a
-    V100 take a third of an H100's energy, more than the cleanest hour of the day saves
-    against the dirtiest, and the H100 goes to the job behind it."""
+    :func:`out_of_slack`, and within ``low_power_share`` of its SLA) that only higher-power
+    GPUs have room for now waits for the low-power ones (policies/carbon_place.py
+    ``waits_for_low_power``): the same hours on a V100 take a third of an H100's energy,
+    more than the cleanest hour of the day saves against the dirtiest, and the H100 goes to
+    the job behind it."""
     factor = float(cycle.settings("carbon-wait")["low_power_factor"])
     if factor <= 0 or not deferrable(cycle.snap, job) or out_of_slack(cycle, job):
         return None
-    until = _slack_ends(cycle, job)
-    if not math.isfinite(until):  # (a job that started and has no deadline: no bound)
+    until = _low_power_until(cycle, job)
+    if not math.isfinite(until) or until <= cycle.now:  # (started, no deadline: no bound)
         return None
     low = waits_for_low_power(cycle.index, job, factor)
     if low is None:
@@ -226,15 +229,18 @@ def _low_power_wait(cycle: Cycle, job: Job) -> str | None:
     return CODE
 
 
-def _slack_ends(cycle: Cycle, job: Job) -> float:
-    """When a deferrable job with slack runs out of it (:func:`out_of_slack`)."""
+def _low_power_until(cycle: Cycle, job: Job) -> float:
+    """How long a deferrable job may wait for low-power GPUs: until it runs out of slack
+    (:func:`out_of_slack`) and, before its first start, ``low_power_share`` of its class SLA
+    after its submission (inf: no bound)."""
     cls = cycle.snap.class_by_name.get(job.priority)
     if cls is None:
         return math.inf
     t = _deadline_start(cycle, job) - deadline_margin(cycle, cls)
     if not job.attempts:
-        t = min(t, job.submitted_at + float(cycle.settings("carbon-wait")["sla_share"])
-                * cls.sla_s)
+        w = cycle.settings("carbon-wait")
+        share = min(float(w["sla_share"]), float(w["low_power_share"]))
+        t = min(t, job.submitted_at + share * cls.sla_s)
     return t
 
 
