@@ -70,9 +70,9 @@ WAIT_DEFAULTS: dict[str, float] = {
     "wait_usd_per_gpu_hour": 0.0,  # with a carbon price: what an hour of waiting costs
     "pause": 0.0,  # 1: a checkpointed job plans to pause through dirty peaks (with the
     # carbon defer role, which pauses running jobs, policies/defer.py)
-    "low_power_factor": 0.0,  # > 0: a deferrable job with slack waits for GPUs of a model
+    "low_power_factor": 1.5,  # > 0: a deferrable job with slack waits for GPUs of a model
     # whose energy for its work is within this factor of the least (0: off)
-    "low_power_share": 0.25,  # ... until it first starts, for at most this share of its
+    "low_power_share": 0.125,  # ... until it first starts, for at most this share of its
     # class SLA after its submission
 }
 CODE = reasons.DEFERRED_FOR_CARBON

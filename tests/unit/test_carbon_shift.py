@@ -279,8 +279,8 @@ LOW_POWER_ROWS: dict[str, tuple[str, float, str, str, float, tuple[str | None, b
         "flex", 0, "va", "v", 1.5, (None, True)),
     "only the A100 free, factor 2: the A100 is low-power enough": (
         "flex", 0, "va", "v", 2.0, ("a", False)),
-    "waited 5 h of its 24 h SLA: it waits on": ("flex", 5, "vh", "v", 1.5, (None, True)),
-    "waited 6 h, a quarter of its SLA: the H100": ("flex", 6, "vh", "v", 1.5, ("h", False)),
+    "waited 2 h of its 24 h SLA: it waits on": ("flex", 2, "vh", "v", 1.5, (None, True)),
+    "waited 3 h, an eighth of its SLA: the H100": ("flex", 3, "vh", "v", 1.5, ("h", False)),
     "no V100 in the cluster: the H100": ("flex", 0, "hh", "", 1.5, ("h", False)),
     "nothing free: it waits in the queue, not for low power": ("flex", 0, "vh", "vh", 1.5,
                                                                (None, False)),
@@ -311,4 +311,4 @@ def test_deferrable_work_waits_for_low_power_gpus(name: str) -> None:
     assert (why is not None and "lower-power GPUs" in why.message) is low_wait, why
     if low_wait:
         assert why is not None and why.code == "DeferredForCarbon"
-        assert plan.wake_at == j.submitted_at + 6 * H  # low_power_share 0.25 of its SLA
+        assert plan.wake_at == j.submitted_at + 3 * H  # low_power_share 0.125 of its SLA
