@@ -33,6 +33,7 @@ from typing import Any
 from broker.model import Instance, InstanceState, Job
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
+from policies import reasons
 from policies.cycle import Cycle
 from policies.offers import CostModel, alone_on
 
@@ -81,8 +82,10 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
                          costs.checkpoint_interval_s / 2, float(cfg["onprem_gpu_hour_usd"]))
         if gain > float(cfg["home_move_min_gain_usd"]):
             found.append((gain, job, here))
+    if not found:
+        return
     free = sum(len(devs) for f in cycle.index.nodes.values() if f.node.site == "onprem"
-               for devs in f.devices.values())
+               for devs in f.devices.values()) - held_for_carbon(cycle)
     headroom = float(cfg["home_move_headroom_gpus"])
     for gain, job, here in sorted(found, key=lambda f: (-f[0], f[1].id)):
         gpus = max(job.res.gpus, 1) * job.res.nodes
@@ -97,6 +100,18 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
             job.id, job.attempt, f"comes home from {', '.join(h.id for h in here)}: on-prem "
             f"GPUs stand idle, ${gain:,.0f} of rent saved over the rest of its run",
             cycle.snap.grace_s, EvictionKind.HOME))
+
+
+def held_for_carbon(cycle: Cycle) -> int:
+    """The GPUs of the pending jobs held back this cycle by a carbon wait
+    (``DeferredForCarbon``: policies/carbon_wait.py): idle on-prem GPUs are theirs when their
+    window comes, not a long job's from the cloud."""
+    held = 0
+    for job in cycle.snap.pending:
+        why = cycle.pending.get(job.id)
+        if why is not None and why.code == reasons.DEFERRED_FOR_CARBON:
+            held += max(job.res.gpus, 1) * job.res.nodes
+    return held
 
 
 def _homes(job: Job) -> int:
