@@ -9,7 +9,9 @@ cloud bill on on-demand machines of normal jobs that run longer than a day. A ch
 job alone on its rented machines (on each, for a gang) moves home when, with nothing left
 pending in this cycle, the on-prem GPUs free after the cycle's starts hold it now and still
 leave ``home_move_headroom_gpus`` free for the jobs that arrive next (a long job that fills
-the last free GPUs sends the next arrivals to the cloud), and the rent it would still pay
+the last free GPUs sends the next arrivals to the cloud) besides the GPUs of the jobs a carbon
+wait holds back (:func:`held_for_carbon`: they are pending, not blocked, and their window
+comes), and the rent it would still pay
 (its machines' price x its remaining predicted runtime) beats what the move costs
 (:func:`home_gain`):
 

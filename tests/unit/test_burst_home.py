@@ -45,7 +45,8 @@ def test_the_kind_resumes_first_and_its_machine_drains() -> None:
 
 
 def _cycle(extra_queue: tuple[Any, ...] = (), onprem_busy: bool = False,
-           settings: Any = ON, checkpoint: str | None = "/ckpt") -> Any:
+           settings: Any = ON, checkpoint: str | None = "/ckpt", policies: Any = None,
+           **kw: Any) -> Any:
     from broker.scheduler import run_cycle
     from policies.registry import PolicySet
     from tests.builders import node
@@ -59,7 +60,8 @@ def _cycle(extra_queue: tuple[Any, ...] = (), onprem_busy: bool = False,
     nodes = [node("a", 4), node("c", 1, "V100-16GB", site="aws:us-east-1:ondemand")]
     active = [away] + ([running("r", 4, time_limit=72000.0)] if onprem_busy else [])
     return run_cycle(snap(nodes, list(extra_queue), active, offers=(OD1,), instances=(inst,),
-                          settings=settings), PolicySet(burst="sla", name="t"), NOW)
+                          settings=settings, **kw),
+                     policies or PolicySet(burst="sla", name="t"), NOW)
 
 
 def test_through_the_cycle_a_job_comes_home_when_on_prem_stands_idle() -> None:
@@ -112,3 +114,29 @@ def test_in_the_simulator_a_burst_job_comes_home_and_the_bill_falls(tmp_path: An
     assert long_on.end_s is not None and long_on.preemptions == 1
     # rented for about the hog's 3 hours, not the long job's 20
     assert on_.metrics["cloud_cost_usd"] < 0.3 * off.metrics["cloud_cost_usd"]
+
+
+def test_home_moves_leave_free_the_gpus_of_jobs_held_for_cleaner_power() -> None:
+    """A flexible job waiting for a clean window (pending, not blocked) has the idle on-prem
+    GPUs to itself: a long job from the cloud would hold them for days (the 14-day carbon runs
+    lost `low` SLAs and a deadline that way, docs/carbon.md)."""
+    from broker.config import DEFAULT_CLASSES
+    from broker.model import PriorityClass, Site
+    from policies.registry import PolicySet
+    from tests.unit.test_preemption import NOW, pending
+
+    h = 3600.0
+    flex = (*DEFAULT_CLASSES, PriorityClass("flex", 150, 24 * h, flexible=True))
+    dirty_then_clean = tuple((NOW + i * h, 300.0 if i < 6 else 100.0) for i in range(48))
+    carbon = {"classes": flex, "sites": (Site(carbon_zone="US-CAL-CISO"),),
+              "carbon_forecast": {"US-CAL-CISO": dirty_then_clean}}
+    wait = PolicySet(admit="carbon-wait", burst="sla", name="t")
+    held = pending("f", 4, priority="flex", submitted=NOW, time_limit=2 * h, sites=("onprem",))
+    plan = _cycle((held,), settings={**ON, "carbon": {"step_s": h}}, policies=wait, **carbon)
+    assert plan.pending["f"].code == "DeferredForCarbon"
+    assert all(p.kind is not EvictionKind.HOME for p in plan.preemptions)
+    small = pending("f", 2, priority="flex", submitted=NOW, time_limit=2 * h, sites=("onprem",))
+    plan = _cycle((small,), settings={**ON, "carbon": {"step_s": h}}, policies=wait, **carbon)
+    assert plan.pending["f"].code == "DeferredForCarbon"  # 2 of the 4 idle GPUs: room for it
+    assert [p.kind for p in plan.preemptions] == [EvictionKind.HOME]
+
