@@ -77,8 +77,7 @@ def low_power_kinds(index: FreeIndex, job: Job, factor: float) -> list[Kind] | N
     ``factor`` of the least any of them needs (None: every kind it fits is, or none is:
     nothing to wait for)."""
     res = job.res
-    fits = [k for k in index.wanted(res)
-            if sum(1 for n in index.total[k] if n >= res.gpus) >= res.nodes]
+    fits = [k for k in index.wanted(res) if index.kind_holds(res, k)]
     if len(fits) < 2:
         return None
     ref = job.spec.gpu_types[0] if job.spec.gpu_types else None

@@ -212,9 +212,9 @@ def _low_power_wait(cycle: Cycle, job: Job) -> str | None:
     more than the cleanest hour of the day saves against the dirtiest, and the H100 goes to
     the job behind it."""
     factor = float(cycle.settings("carbon-wait")["low_power_factor"])
-    if factor <= 0 or not deferrable(cycle.snap, job) or out_of_slack(cycle, job):
+    if factor <= 0 or not deferrable(cycle.snap, job):
         return None
-    until = _low_power_until(cycle, job)
+    until = _low_power_until(cycle, job)  # (never later than the job's slack runs out)
     if not math.isfinite(until) or until <= cycle.now:  # (started, no deadline: no bound)
         return None
     low = waits_for_low_power(cycle.index, job, factor)

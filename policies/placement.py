@@ -119,10 +119,13 @@ class FreeIndex:
         ok = self.feasible_memo.get(res.key)
         if ok is None:
             ok = self.feasible_memo[res.key] = any(
-                sum(1 for n in self.total[k] if n >= res.gpus) >= res.nodes
-                for k in self.wanted(res)
+                self.kind_holds(res, k) for k in self.wanted(res)
             ) or (res.gpus == 0 and bool(self.nodes))
         return ok
+
+    def kind_holds(self, res: Resources, kind: Kind) -> bool:
+        """Could ``kind``'s devices hold the job if the cluster were empty?"""
+        return sum(1 for n in self.total[kind] if n >= res.gpus) >= res.nodes
 
     def find(self, res: Resources, sites: tuple[str, ...],
              cap: Mapping[str, int] | None = None, cap_kind: Kind | None = None,
