@@ -61,8 +61,9 @@ class Config:
     lease_ttl_s: float = 3.0  # lease lifetime; dead nodes are noticed within 2 heartbeats
     reconcile_s: float = 1.0  # reconciler period (expire leases, resend lost commands)
     cycle_s: float = 1.0  # periodic scheduling cycle, besides event triggers
-    cycle_gap_s: float = 0.02  # back-to-back cycles (the queue changed during one) start at
+    cycle_gap_s: float = 0.01  # back-to-back cycles (the queue changed during one) start at
     # least this far apart, so each plans for more changes; a quiet queue's first is at once
+    # (a cycle longer than the gap is followed at once: only short cycles are paced)
     leader_lease_s: float = 1.5  # the leading scheduler's lease: another takes over within
     # this and a fifth of it after the leader dies (broker/leader.py)
     redis_retry_s: float = 60.0  # `spillway scheduler` and `spillway worker` wait this long
