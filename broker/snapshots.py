@@ -20,14 +20,26 @@ A second scheduler that takes over builds its own predictor from the store's run
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Protocol
 
 from broker.carbon_signals import CarbonSignals, from_config
 from broker.config import Config
+from broker.model import Job
 from broker.plan import Snapshot
 from broker.spot_signals import SpotSignals
 from broker.store.base import BaseStore
 from policies.cycle import Memory
 from policies.predictor import RuntimePredictor
+
+
+class Learner(Protocol):
+    """What the builder keeps as the predictor: it learns finished runtimes and estimates
+    (:class:`~policies.predictor.RuntimePredictor`; the simulator's ``--oracle-runtimes``
+    hands in one that knows every job's true runtime)."""
+
+    def observe(self, keys: tuple[Any, ...], runtime_s: float) -> None: ...
+
+    def estimate(self, job: Job, quantile: float | None = None) -> float: ...
 
 
 class SnapshotBuilder:
@@ -37,7 +49,7 @@ class SnapshotBuilder:
         cfg = config or store.config
         # the carbon signals: given (the simulator), else from the configuration's source
         self.carbon = carbon if carbon is not None else from_config(cfg)
-        self.predictor = RuntimePredictor(
+        self.predictor: Learner = RuntimePredictor(
             quantile=float(cfg.policy_settings.get("predictor_quantile", 0.9)))
         self.memory = Memory()
         self.spot = SpotSignals()

@@ -111,6 +111,10 @@ def simulate(
     lower_bound_no_pause: Annotated[bool, Opt("--lower-bound-no-pause", help="Also the "
                                               "tighter bound in which every job the run never "
                                               "stopped runs whole (slower).")] = False,
+    oracle_runtimes: Annotated[bool, Opt("--oracle-runtimes", help="Plan with every job's "
+                                         "true runtime instead of the predictor's estimate "
+                                         "(what runtime knowledge is worth; "
+                                         "docs/lower-bound.md).")] = False,
 ) -> None:
     """Replay a trace through the production scheduling cycle, with a virtual clock."""
     from broker.sim.metrics import summary_table
@@ -123,7 +127,8 @@ def simulate(
                      target_load=target_load, seed=seed, check=check,
                      lower_bound=lower_bound or lower_bound_no_pause,
                      lower_bound_slot_s=lower_bound_slot,
-                     lower_bound_no_pause=lower_bound_no_pause)
+                     lower_bound_no_pause=lower_bound_no_pause,
+                     oracle_runtimes=oracle_runtimes)
     if report is not None:
         _check_report_deps()  # before minutes of simulation, not after
     with _progress(req.policies) as show:

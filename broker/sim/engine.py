@@ -89,12 +89,41 @@ class _Run:
     site: str = "onprem"
 
 
+class _TrueRuntimes:
+    """An oracle in the runtime predictor's place (``--oracle-runtimes``): every job's
+    estimate is its true runtime, so the policies plan as if users' estimates were exact. A
+    running attempt's is its simulated run (start to end, its time limit included); a queued
+    job's, the trace seconds it has left (on the trace's own GPU speed). Only for measuring
+    what runtime knowledge is worth: no real scheduler has it."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.observed = 0
+
+    @property
+    def version(self) -> int:  # a queued job's estimate changes only when it is stopped
+        return self.observed
+
+    def observe(self, keys: tuple[Any, ...], runtime_s: float) -> None:
+        del keys, runtime_s
+        self.observed += 1
+
+    def estimate(self, job: Job, quantile: float | None = None) -> float:
+        del quantile
+        run = self.sim.runs.get(job.id)
+        if run is not None and run.attempt == job.attempt:
+            return run.end_at - run.started
+        left = self.sim.work_left.get(job.id, math.inf)
+        limit = job.spec.time_limit
+        return min(left, limit) if limit else left
+
+
 class Simulation:
     def __init__(self, cluster: Cluster, trace: Trace, policy: str | PolicySet = "spillway",
                  *, config: Config | None = None, stop_delay_s: float = 30.0,
                  check_invariants: bool = True, progress: ProgressFn | None = None,
                  progress_every_s: float = PROGRESS_EVERY_S, seed: int = 0,
-                 energy: SimEnergy | None = None) -> None:
+                 energy: SimEnergy | None = None, oracle_runtimes: bool = False) -> None:
         self.cluster, self.trace = cluster, trace
         self.energy = energy  # carbon_kg and cost_per_gpu_hour (None: not computed)
         self.pieces: list[RunPiece] = []  # every run that ended, for the accounting
@@ -111,6 +140,8 @@ class Simulation:
         self.store = MemoryStore(self.config)
         # predictor, caches, and the carbon signals of the run's series (broker/carbon_signals.py)
         self.snapshots = SnapshotBuilder(self.store, self.config, sim_signals(energy, cluster))
+        if oracle_runtimes:
+            self.snapshots.predictor = _TrueRuntimes(self)
         self.node_by_id = {n.id: n for n in cluster.nodes}
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None

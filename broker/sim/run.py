@@ -40,6 +40,7 @@ class SimRequest:
     lower_bound: bool = False  # the lower_bound section (broker/sim/lower_bound_sim.py)
     lower_bound_slot_s: float = 900.0
     lower_bound_no_pause: bool = False  # also the bound in which unstopped jobs run whole
+    oracle_runtimes: bool = False  # every estimate is the job's true runtime (an experiment)
 
 
 def _time(value: str | None, what: str) -> float | None:
@@ -101,7 +102,9 @@ def _run(req: SimRequest, policy: str, prepared: tuple[Cluster, Trace, dict[str,
     energy = SimEnergy.for_trace(trace.origin) if req.carbon else None
     result = Simulation(cluster, trace, bundle(policy, cluster.policies),
                         check_invariants=req.check, progress=progress, seed=req.seed,
-                        energy=energy).run()
+                        energy=energy, oracle_runtimes=req.oracle_runtimes).run()
+    if req.oracle_runtimes:
+        meta = {**meta, "oracle_runtimes": True}
     result.meta = {**result.meta, **meta, "trace_origin": trace.origin,
                    "last_submit_s": trace.jobs[-1].submit_s if trace.jobs else 0.0}
     result.metrics["meta"] = result.meta

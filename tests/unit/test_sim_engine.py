@@ -346,3 +346,25 @@ def test_fcfs_skips_arrival_cycles_behind_a_blocked_head_with_the_same_outcome()
     assert [(r.id, r.first_start_s, r.end_s) for r in a.records] == \
         [(r.id, r.first_start_s, r.end_s) for r in b.records]
     assert fast.cycles < slow.cycles  # the skip did happen
+
+
+def test_oracle_runtimes_give_every_estimate_as_the_true_runtime() -> None:
+    """``--oracle-runtimes``: the policies see each job's true runtime, queued or running."""
+    sim = Simulation(tiny(), MIXED, "spillway", oracle_runtimes=True)
+    oracle = sim.snapshots.predictor
+    seen: list[tuple[str, int, float]] = []
+    inner = oracle.estimate
+
+    def recording(job, quantile=None):  # type: ignore[no-untyped-def]
+        est = inner(job, quantile)
+        seen.append((job.id, job.attempt, est))
+        return est
+
+    oracle.estimate = recording  # type: ignore[method-assign]
+    result = sim.run()
+    assert result.metrics["invariant_violations"] == 0
+    assert all(r.end_s is not None for r in result.records)
+    duration = {j.id: j.duration_s for j in MIXED.jobs}
+    firsts = [(job_id, est) for job_id, attempt, est in seen if attempt == 1]
+    assert len({job_id for job_id, _ in firsts}) >= 15  # asked about most jobs
+    assert all(est == pytest.approx(duration[job_id]) for job_id, est in firsts)
