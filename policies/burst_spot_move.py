@@ -40,9 +40,9 @@ from policies.offers import (
 )
 
 MOVE_DEFAULTS: dict[str, float] = {
-    "spot_move": 0.0,  # 1: move checkpointable jobs from on-demand to spot when it pays
-    # (off: busiest 2 days, seeds 0-4, it cut the mean cost ratio to burst-immediate from
-    # 0.505 to 0.417, but the busiest 14 days, seed 0, cost 186,192 USD against 169,111)
+    "spot_move": 1.0,  # 1: move checkpointable jobs from on-demand to spot when it pays
+    # (on since 2026-12-06: the busiest 14 days, seeds 0-2, cost 88,191 / 43,108 / 85,698
+    # USD against 119,234 / 81,343 / 102,671 without; docs/burst.md)
     "spot_move_min_gain_usd": 0.0,  # the expected saving a move must exceed
 }
 
