@@ -9,6 +9,7 @@ from functools import cache
 import pytest
 
 from broker.config import Config
+from broker.model import Job
 from broker.sim.cluster import Cluster, cluster_from_data
 from broker.sim.engine import Simulation
 from broker.sim.types import JobRecord, SimResult, Trace, TraceJob
@@ -355,7 +356,7 @@ def test_oracle_runtimes_give_every_estimate_as_the_true_runtime() -> None:
     seen: list[tuple[str, int, float]] = []
     inner = oracle.estimate
 
-    def recording(job, quantile=None):  # type: ignore[no-untyped-def]
+    def recording(job: Job, quantile: float | None = None) -> float:
         est = inner(job, quantile)
         seen.append((job.id, job.attempt, est))
         return est
