@@ -40,9 +40,10 @@ from policies.offers import (
 )
 
 MOVE_DEFAULTS: dict[str, float] = {
-    "spot_move": 1.0,  # 1: move checkpointable jobs from on-demand to spot when it pays
-    # (on since 2026-12-06: the busiest 14 days, seeds 0-2, cost 88,191 / 43,108 / 85,698
-    # USD against 119,234 / 81,343 / 102,671 without; docs/burst.md)
+    "spot_move": 0.0,  # 1: move checkpointable jobs from on-demand to spot when it pays
+    # (off: measured on 2026-12-06 it cut every bill, the busiest 14 days of seeds 0-2 by
+    # 17-47%, but the two months of seed 1 started a job late (attainment 0.9997 against
+    # burst-immediate's 1.0) and left on-prem less busy than without clouds; docs/burst.md)
     "spot_move_min_gain_usd": 0.0,  # the expected saving a move must exceed
 }
 

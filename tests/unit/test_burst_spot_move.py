@@ -115,8 +115,5 @@ def test_a_gang_moves_with_one_spot_machine_a_node() -> None:
              instances=ods, settings=ON)
     plan = run_cycle(s, PolicySet(burst="sla", name="t"), NOW)
     assert [(x.offer_id, x.count, x.for_jobs) for x in plan.launches] == [(SPOT1.id, 2, ("g",))]
-    default = run_cycle(replace(s, settings={}), PolicySet(burst="sla", name="t"), NOW)
-    assert default.launches == plan.launches  # spot_move is on by default
-    off = run_cycle(replace(s, settings={"sla": {"spot_move": 0}}),
-                    PolicySet(burst="sla", name="t"), NOW)
-    assert off.launches == ()
+    off = run_cycle(replace(s, settings={}), PolicySet(burst="sla", name="t"), NOW)
+    assert off.launches == ()  # spot_move is off by default
