@@ -37,7 +37,7 @@ from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import reasons
 from policies.cycle import Cycle
-from policies.offers import CostModel, alone_on
+from policies.offers import CostModel, alone_on, billed_gpus
 
 HOME_DEFAULTS: dict[str, float] = {
     "home_move": 1.0,  # 1: bring checkpointable jobs home from rented machines when it pays
@@ -80,7 +80,7 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
                 or not all(alone_on(cycle, job, n) for n in job.node_ids):
             continue
         gain = home_gain(cycle.end_of(job) - cycle.now, sum(h.price_per_hour for h in here),
-                         max(job.res.gpus, 1) * job.res.nodes, costs.restart_s,
+                         billed_gpus(job), costs.restart_s,
                          costs.checkpoint_interval_s / 2, float(cfg["onprem_gpu_hour_usd"]))
         if gain > float(cfg["home_move_min_gain_usd"]):
             found.append((gain, job, here))
@@ -90,7 +90,7 @@ def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
                for devs in f.devices.values()) - held_for_carbon(cycle)
     headroom = float(cfg["home_move_headroom_gpus"])
     for gain, job, here in sorted(found, key=lambda f: (-f[0], f[1].id)):
-        gpus = max(job.res.gpus, 1) * job.res.nodes
+        gpus = billed_gpus(job)
         if free - gpus < headroom:
             continue
         allocs = cycle.index.find(job.res, ("onprem",))
@@ -112,7 +112,7 @@ def held_for_carbon(cycle: Cycle) -> int:
     for job in cycle.snap.pending:
         why = cycle.pending.get(job.id)
         if why is not None and why.code == reasons.DEFERRED_FOR_CARBON:
-            held += max(job.res.gpus, 1) * job.res.nodes
+            held += billed_gpus(job)
     return held
 
 

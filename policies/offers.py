@@ -62,10 +62,15 @@ def alone_on(cycle: Cycle, job: Job, node_id: str) -> bool:
     return all(v.split(":")[0] == job.id for v in held.values())
 
 
+def billed_gpus(job: Job) -> int:
+    """The GPUs a job is billed for, on every node of a gang (a job without GPUs: one)."""
+    return max(job.res.gpus, 1) * job.res.nodes
+
+
 def job_share_per_hour(offer: Offer, job: Job) -> float:
     """The job's share of the offer's price: its GPUs' part, on every node of a gang.
     (What ``max_price_per_hour`` limits.)"""
-    return offer.price_per_gpu_hour * max(job.res.gpus, 1) * job.res.nodes
+    return offer.price_per_gpu_hour * billed_gpus(job)
 
 
 def runtime_on(cycle: Cycle, job: Job, model: str, unknown_s: float) -> float:
@@ -126,7 +131,7 @@ def rank_value(cycle: Cycle, job: Job, offer: Offer, usd: float, runtime_s: floa
     obj = Objective.of(cycle.settings("objective"))
     if obj.dollars_only:
         return usd
-    gpus = max(job.res.gpus, 1) * job.res.nodes
+    gpus = billed_gpus(job)
     start = cycle.now + boot_s
     g = mean_intensity(offer.carbon_zone, start, start + runtime_s, cycle.snap.carbon_forecast,
                        cycle.snap.carbon) if obj.carbon_usd_per_tonne else None

@@ -139,4 +139,3 @@ def test_home_moves_leave_free_the_gpus_of_jobs_held_for_cleaner_power() -> None
     plan = _cycle((small,), settings={**ON, "carbon": {"step_s": h}}, policies=wait, **carbon)
     assert plan.pending["f"].code == "DeferredForCarbon"  # 2 of the 4 idle GPUs: room for it
     assert [p.kind for p in plan.preemptions] == [EvictionKind.HOME]
-
