@@ -9,7 +9,8 @@ never a traceback::
 
 with 401 (token), 403 (role or team: the message names the one needed), 404 (no such job, or
 one of a team the token may not see), 409, 413 (body too large), 422 (bad input, each field
-named), 429 (rate limit, with Retry-After), 503 (Redis unreachable).
+named), 429 (submit rate, or too many open long polls, with Retry-After), 503 (Redis
+unreachable). Every reply's spec secrets are masked as the CLI masks them.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from broker.api import budgets, jobs, ops, reports
+from broker.api import budgets, jobs, ops, reports, waits
 from broker.api.deps import ApiState
+from broker.api.longpoll import DEFAULT_LONG_POLLS, LongPolls, OpenPolls, long_polls_from
+from broker.api.views import MaskedJSON
 from broker.client import Client
 from broker.config import Config, load_config
 from broker.errors import (
@@ -122,7 +125,9 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BodyLimit:
-    """Refuse a request whose body is larger than ``limit`` bytes (413), declared or not."""
+    """Refuse a request whose body is larger than ``limit`` bytes (413), declared or not: a
+    body without a Content-Length (chunked) is read up to the limit before the app sees it,
+    and replayed to it whole."""
 
     def __init__(self, app: Any, limit: int = MAX_BODY) -> None:
         self.app, self.limit = app, limit
@@ -132,24 +137,32 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or ()).get(b"content-length", b"0")
-        if not declared.isdigit() or int(declared) > self.limit:
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await self._refuse(scope, receive, send)
             return
-        seen = 0
-
-        async def counted() -> MutableMapping[str, Any]:
-            nonlocal seen
+        chunks, seen, more = [], 0, True
+        while more:
             msg = await receive()
-            seen += len(msg.get("body", b""))
+            if msg["type"] != "http.request":  # (the client went away before its body)
+                return
+            chunks.append(msg.get("body", b""))
+            seen += len(chunks[-1])
             if seen > self.limit:
-                raise _TooLarge()
-            return msg
+                await self._refuse(scope, receive, send)
+                return
+            more = bool(msg.get("more_body", False))
+        whole: MutableMapping[str, Any] | None = {"type": "http.request",
+                                                  "body": b"".join(chunks), "more_body": False}
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
+        async def replayed() -> MutableMapping[str, Any]:
+            nonlocal whole
+            if whole is not None:
+                msg, whole = whole, None
+                return msg
+            return await receive()  # (a disconnect, for the routes that wait)
+
+        await self.app(scope, replayed, send)
 
     async def _refuse(self, scope: MutableMapping[str, Any], receive: Receive,
                       send: Send) -> None:
@@ -157,22 +170,23 @@ class BodyLimit:
                           "large batches in parts)")(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
-
-
-def create_app(client: Client, submit_rate: float = 50.0, submit_burst: int = 5000) -> FastAPI:
-    """The API on ``client``'s cluster (a client on a ``redis://`` URL)."""
+def create_app(client: Client, submit_rate: float = 50.0, submit_burst: int = 5000,
+               long_polls: int = DEFAULT_LONG_POLLS) -> FastAPI:
+    """The API on ``client``'s cluster (a client on a ``redis://`` URL); a token holds at
+    most ``long_polls`` waits and log follows open at once."""
     if client._remote is not None:
         raise ConfigError(f"the API server needs the cluster's Redis URL, not {client.redis_url}")
     if submit_rate <= 0 or submit_burst < 1:
         raise ConfigError("submit_rate must be positive and submit_burst at least 1")
+    polls = LongPolls(OpenPolls(client.store_redis, long_polls), client.store.get_many)
+    # every reply's spec secrets masked as the CLI masks them (broker/api/views.py)
     app = FastAPI(title="Spillway API", version=API_VERSION, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json",
+                  openapi_url="/openapi.json", default_response_class=MaskedJSON,
                   description="Submit, watch and cancel GPU jobs; operate nodes; manage tokens;"
                               " set budgets and read spend reports."
                               " Every call but /healthz needs `Authorization: Bearer <token>`.")
-    app.state.api = ApiState(client, TokenStore(client.store_redis), submit_rate, submit_burst)
+    app.state.api = ApiState(client, TokenStore(client.store_redis), submit_rate, submit_burst,
+                             polls)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(SpillwayError, _spillway)
     app.add_exception_handler(HTTPException, _http)
@@ -180,6 +194,7 @@ def create_app(client: Client, submit_rate: float = 50.0, submit_burst: int = 50
     app.add_exception_handler(Exception, _crash)
     app.add_middleware(BodyLimit)
     app.include_router(jobs.router)
+    app.include_router(waits.router)
     app.include_router(ops.router)
     app.include_router(budgets.router)
     app.include_router(reports.router)
@@ -191,4 +206,6 @@ def from_env() -> FastAPI:
     config: Config = load_config(os.environ.get("SPILLWAY_CONFIG") or None)
     client = Client(os.environ["SPILLWAY_REDIS_URL"], config)
     return create_app(client, float(os.environ.get("SPILLWAY_API_SUBMIT_RATE", "50")),
-                      int(os.environ.get("SPILLWAY_API_SUBMIT_BURST", "5000")))
+                      int(os.environ.get("SPILLWAY_API_SUBMIT_BURST", "5000")),
+                      long_polls_from(os.environ))
+

@@ -8,18 +8,21 @@ from dataclasses import dataclass
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from broker.api.longpoll import LongPolls
 from broker.client import Client
 from broker.tokens import TokenError, TokenRecord, TokenStore
 
 
 @dataclass
 class ApiState:
-    """What every request shares: the client on Redis, the tokens, the submit limits."""
+    """What every request shares: the client on Redis, the tokens, the submit limits, the
+    long polls (waits and log follows, capped per token)."""
 
     client: Client
     tokens: TokenStore
     submit_rate: float  # jobs a second, per token
     submit_burst: int  # jobs at once, per token
+    polls: LongPolls
 
 
 def state(request: Request) -> ApiState:

@@ -1,27 +1,25 @@
-"""Job routes: submit, submit many, list, get, cancel, logs (streamed), wait, explain.
+"""Job routes: submit, submit many, list, get, cancel, explain (wait and logs, which last, are
+in broker/api/waits.py).
 
 A ``user`` token sees its own team's jobs only; any other job is a 404 like a missing one.
+What each reply shows (secrets masked, other teams unnamed) is broker/api/views.py's.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.api import auth
 from broker.api.deps import ApiState, principal, state
+from broker.api.views import scrubbed, seen, team_queue
 from broker.client import parse_states
 from broker.errors import FieldError, SpecError
-from broker.model import Job, JobSpec
-from broker.state import TERMINAL
+from broker.model import JobSpec
 from broker.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -29,7 +27,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Who = Annotated[TokenRecord, Depends(principal)]
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A job id")]
 MAX_BATCH = 1000
-WAIT_MAX_S = 60.0
 
 
 class SubmitBody(BaseModel):
@@ -113,34 +110,6 @@ def list_jobs(who: Who, request: Request,
     return scrubbed(request, who, [j.to_dict() for j in jobs if auth.sees(who, j)])
 
 
-_JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")
-HIDDEN = "a job of another team"
-
-
-def scrubbed(request: Request, who: TokenRecord, doc: Any) -> Any:
-    """``doc`` with the ids of jobs ``who`` may not see replaced by words: a job's history and
-    reasons name the jobs that preempted it or hold a reservation ahead of it, maybe another
-    team's (whose ids must not leak)."""
-    if who.role not in auth.TEAM_SCOPED:
-        return doc
-    text = json.dumps(doc)
-    ids = sorted(set(_JOB_ID.findall(text)))
-    if not ids:
-        return doc
-    jobs = state(request).client.store.get_many(ids)
-    hidden = {i for i, j in zip(ids, jobs) if j is None or not auth.sees(who, j)}
-    if not hidden:
-        return doc
-    return json.loads(_JOB_ID.sub(lambda m: HIDDEN if m.group(0) in hidden else m.group(0),
-                                  text))
-
-
-def seen(request: Request, who: TokenRecord, job_id: str) -> Job:
-    """The job, if the token may read jobs and see this one; 404 as if missing otherwise."""
-    auth.require(who, "jobs.read")
-    return auth.visible(who, state(request).client.get(job_id))
-
-
 @router.get("/{job_id}", summary="One job's record")
 def get(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
     return scrubbed(request, who, seen(request, who, job_id).to_dict())
@@ -154,47 +123,13 @@ def cancel(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
                     state(request).client.acting_as(who.actor).cancel(job_id).to_dict())
 
 
-@router.get("/{job_id}/wait", summary="Wait (up to 60 s a call) for the job to end")
-def wait(job_id: JobId, who: Who, request: Request,
-         timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_S)] = 30.0) -> dict[str, Any]:
-    """``done`` is false when the job had not ended by ``timeout``: call again."""
-    job = seen(request, who, job_id)
-    client = state(request).client
-    deadline = time.monotonic() + timeout
-    while job.state not in TERMINAL and time.monotonic() < deadline:
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        job = client.get(job_id)
-    return {"done": job.state in TERMINAL, "job": scrubbed(request, who, job.to_dict())}
-
-
 @router.get("/{job_id}/explain", summary="Why the job is where it is")
 def explain(job_id: JobId, who: Who, request: Request) -> dict[str, Any]:
-    seen(request, who, job_id)
-    out = state(request).client.explain(job_id).to_dict()
+    job = seen(request, who, job_id)
+    client = state(request).client
+    out = client.explain(job_id).to_dict()
     if not math.isfinite(out["sla_s"]):
         out["sla_s"] = None  # (no SLA: JSON has no infinity)
+    if who.role in auth.TEAM_SCOPED and out["pending_total"] is not None:
+        out.update(team_queue(client.store, job))  # (its team's queue, not everyone's)
     return scrubbed(request, who, out)
-
-
-@router.get("/{job_id}/logs", summary="An attempt's output, as JSON lines (streamed)",
-            response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-ndjson": {}},
-                             "description": "One JSON object a line: cursor, time, stream "
-                                            "(out or err), text"}})
-def logs(job_id: JobId, who: Who, request: Request,
-         attempt: Annotated[int | None, Query(ge=1)] = None,
-         follow: bool = False,
-         since: Annotated[str, Query(max_length=64, pattern=r"^[0-9-]+$")] = "0"
-         ) -> StreamingResponse:
-    job = seen(request, who, job_id)
-    if attempt is not None and attempt > job.attempt:
-        raise SpecError([FieldError("attempt", f"job {job_id} has had {job.attempt} "
-                                               f"attempt(s)", f"1 to {job.attempt}")])
-    api: ApiState = state(request)
-
-    def lines() -> Iterator[bytes]:
-        for line in api.client.logs(job_id, attempt=attempt, follow=follow, since=since):
-            yield (json.dumps({"cursor": line.cursor, "time": line.time,
-                               "stream": line.stream, "text": line.text}) + "\n").encode()
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -24,6 +24,8 @@ class ServeOptions:
     submit_rate: float = 50.0  # jobs a second per token
     submit_burst: int = 5000  # jobs at once: a sweep of thousands in one batch
     workers: int = 1
+    long_polls: int | None = None  # a token's open waits and log follows (None: the variable
+    #                                SPILLWAY_API_LONG_POLLS, else 8)
     insecure_http: bool = False  # plain http on a non-loopback address (a TLS proxy in front)
     log_level: str = "info"
 
@@ -47,6 +49,15 @@ class ServeOptions:
             raise ConfigError("--submit-rate must be positive and --submit-burst at least 1")
         if self.workers < 1:
             raise ConfigError("--workers must be at least 1")
+        self.long_polls_cap()
+
+    def long_polls_cap(self) -> int:
+        """The cap on a token's open long polls; ConfigError naming what set it badly."""
+        from broker.api.longpoll import check_cap, long_polls_from
+
+        if self.long_polls is not None:
+            return check_cap(self.long_polls, "--long-polls")
+        return long_polls_from(os.environ)
 
 
 def serve(opts: ServeOptions) -> None:
@@ -60,6 +71,7 @@ def serve(opts: ServeOptions) -> None:
     os.environ["SPILLWAY_REDIS_URL"] = opts.redis_url  # read by each worker's app factory
     os.environ["SPILLWAY_API_SUBMIT_RATE"] = repr(opts.submit_rate)
     os.environ["SPILLWAY_API_SUBMIT_BURST"] = str(opts.submit_burst)
+    os.environ["SPILLWAY_API_LONG_POLLS"] = str(opts.long_polls_cap())
     if opts.config_path is not None:
         os.environ["SPILLWAY_CONFIG"] = str(opts.config_path)
     uvicorn.run("broker.api.app:from_env", factory=True, host=opts.host, port=opts.port,
