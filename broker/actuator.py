@@ -62,7 +62,7 @@ def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     plan = reserve_plan(budget_book(rt.store), plan, time.time(), _team_of(rt),
                         _machine_of(rt))
     applied = rt.store.apply(plan, now=time.time())
-    send = _sender(rt)
+    send = sender(rt)
     if applied.started:
         send(commands.start_jobs, rt.celery, applied.started)
     grace = {p.job_id: p.grace_s for p in plan.preemptions}
@@ -75,7 +75,7 @@ def apply_plan(rt: Runtime, plan: Plan) -> Applied:
     return applied
 
 
-def _sender(rt: Runtime) -> Callable[..., object]:
+def sender(rt: Runtime) -> Callable[..., object]:
     """How the start and stop commands of an applied Plan leave: through the runtime's
     outbox, whose thread publishes them while the next cycle runs (the leading scheduler),
     or at once."""

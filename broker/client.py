@@ -163,11 +163,31 @@ class NodeView:
         return cls(**{**kept, "jobs": tuple(kept.get("jobs", ()))})
 
 
+def url_from_file(path: str, what: str = "SPILLWAY_REDIS_URL_FILE") -> str:
+    """The URL in the file ``path`` (its first line; "" for no path). A credential file
+    belongs to its reader alone: ConfigError if it cannot be read or others may read it."""
+    if not path:
+        return ""
+    try:
+        st = os.stat(path)
+        with open(path) as f:
+            url = f.readline().strip()
+    except OSError as e:
+        raise ConfigError(f"{what}={path}: cannot read it ({e.strerror})") from None
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{what}={path}: mode {st.st_mode & 0o777:o} lets other users read "
+                          f"the credentials in it; chmod 600 {path}")
+    if not url:
+        raise ConfigError(f"{what}={path}: the file is empty; it should hold one Redis URL")
+    return url
+
+
 def resolve_url(redis_url: str | None, config: Config) -> str:
     """The cluster's URL: a Redis URL, or an API server's ``https://`` one (SPILLWAY_URL,
     after SPILLWAY_REDIS_URL as the CLI reads them)."""
-    url = (redis_url or os.environ.get("SPILLWAY_REDIS_URL") or os.environ.get("SPILLWAY_URL")
-           or config.redis_url)
+    url = (redis_url or os.environ.get("SPILLWAY_REDIS_URL")
+           or url_from_file(os.environ.get("SPILLWAY_REDIS_URL_FILE", ""))
+           or os.environ.get("SPILLWAY_URL") or config.redis_url)
     if not url:
         raise ConfigError(
             "no Redis URL: pass redis_url / --redis-url, set SPILLWAY_REDIS_URL, set redis_url "

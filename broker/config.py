@@ -30,6 +30,8 @@ from broker.cloud_settings import parse_providers
 from broker.energy_settings import CarbonSettings, EnergySettings, parse_carbon, parse_energy
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
+from broker.model.classes import ROLES
+from broker.model.spec import MAX_TIME_LIMIT_S
 
 __all__ = [  # PriorityClass and Team are re-exported: callers import them from here too
     "CLASS_KEYS",
@@ -47,7 +49,8 @@ __all__ = [  # PriorityClass and Team are re-exported: callers import them from 
 
 
 DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
-    PriorityClass("critical", 400, 5 * 60, may_preempt=True, preemptible=False, spot_allowed=False),
+    PriorityClass("critical", 400, 5 * 60, may_preempt=True, preemptible=False, spot_allowed=False,
+                  allowed_roles=("operator", "admin")),
     PriorityClass("high", 300, 30 * 60, may_preempt=True, preemptible=False),
     PriorityClass("normal", 200, 4 * 3600, preemptible=True),
     PriorityClass("low", 100, 24 * 3600, preemptible=True, may_burst=False),
@@ -82,8 +85,12 @@ class Config:
     retain_finished_s: float = 7 * 86400.0  # a finished job leaves the hot keys (queue --all,
     # the snapshot's indexes) this long after it ended, for a compressed archive that
     # `spillway show` still reads; 0 keeps every job hot
-    job_user: str = ""  # run jobs as this unprivileged user (the agent as root); "": as the
-    # agent's own user
+    job_user: str = ""  # run the jobs of teams not in job_users as this one unprivileged
+    # user (the agent as root; teams then share it); "": a uid per team (job_uid_range)
+    job_isolation: bool = True  # an agent running as root runs each team's jobs as an
+    # unprivileged uid of the team (workers/users.py); false: as root (development only)
+    job_uid_range: str = "61184-65519"  # uids allocated to teams not named in job_users
+    job_users: Mapping[str, str] = field(default_factory=dict)  # team -> user name or uid
     max_preemptions: int = 100  # a job evicted this many times fails (preemptions, moves,
     # relief and scavenger evictions: each restarts from its checkpoint; not its own carbon
     # pauses nor spot interruptions, broker/state.py UNCOUNTED_STOPS)
@@ -99,6 +106,8 @@ class Config:
     # which the scheduler and the CLI run: the configuration imports nothing from policies)
     fairshare_half_life_s: float = 7 * 86400.0  # decay of past GPU usage (Slurm's default)
     min_runtime_s: float = 600.0  # a job that started less than this ago is never preempted
+    max_time_limit_s: float = MAX_TIME_LIMIT_S  # the longest time limit a job may ask (submit
+    # refuses a longer one, naming the field; an agent holds an older record to it)
     onprem_price_per_gpu_hour: float = 0.81  # amortised on-prem $ per GPU-hour, for honest
     # comparisons with cloud offers (`spillway offers`); its derivation: docs/catalog.md
     offer_catalog: str = ""  # the offer catalog file (providers/catalog); "": the shipped one
@@ -148,7 +157,10 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "job_pids_max": (int, {"ge": 1}, "a whole number >= 1"),
     "max_attempts": (int, {"ge": 1}, "a whole number >= 1"),
     "retain_finished_s": (float, {"ge": 0}, "seconds >= 0 (0: keep every job hot)"),
-    "job_user": (str, {}, "a user name (empty: the agent's own user)"),
+    "job_user": (str, {}, "a user name (empty: a uid per team)"),
+    "job_isolation": (bool, {}, "true or false"),
+    "job_uid_range": (str, {"pattern": r"^\s*\d+\s*-\s*\d+\s*$"},
+                      "FIRST-LAST, a range of uids such as 61184-65519"),
     "max_preemptions": (int, {"ge": 1}, "a whole number >= 1"),
     "hold_if_infeasible": (bool, {}, "true or false"),
     "default_class": (str, {"min_length": 1}, "a class name"),
@@ -158,6 +170,8 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
     "policy": (str, {"min_length": 1}, "a policy name"),
     "fairshare_half_life_s": (float, {"gt": 0}, "seconds > 0"),
     "min_runtime_s": (float, {"ge": 0}, "seconds >= 0"),
+    "max_time_limit_s": (float, {"gt": 0, "le": 10 * 365 * 86400.0},
+                         "seconds > 0, at most 10 years (315360000)"),
     "onprem_price_per_gpu_hour": (float, {"ge": 0}, "dollars per GPU-hour >= 0"),
     "offer_catalog": (str, {}, "a catalog file (empty: the shipped catalog)"),
     "cluster_name": (str, {"pattern": r"^[a-z][a-z0-9_-]{0,62}$"},
@@ -173,7 +187,7 @@ _OTHER_VARS = frozenset({"SPILLWAY_CONFIG", "SPILLWAY_DEFAULTS", "SPILLWAY_AGENT
                          "SPILLWAY_NUM_NODES", "SPILLWAY_ATTEMPT", "SPILLWAY_RESUME",
                          "SPILLWAY_CHECKPOINT_DIR", "SPILLWAY_SCRATCH_DIR",
                          "SPILLWAY_INSTANCE_ID", "SPILLWAY_METADATA_URL",
-                         "SPILLWAY_CGROUP_PARENT"})
+                         "SPILLWAY_CGROUP_PARENT", "SPILLWAY_REDIS_URL_FILE"})
 
 
 def _misspelt(var: str) -> bool:
@@ -209,6 +223,7 @@ def _definitions() -> dict[str, Any]:
         name: (kind | None if name == "redis_url" else kind, Field(defaults[name], **limits))
         for name, (kind, limits, _) in _RULES.items()}
     out["providers"] = (dict[str, Any], Field(default_factory=dict))
+    out["job_users"] = (dict[str, str | int], Field(default_factory=dict))
     for name in ("classes", "teams", "policies", "policy_settings", "energy", "carbon"):
         out[name] = (Any, None)  # checked by parse_classes, parse_teams, check_config,
         # parse_energy and parse_carbon
@@ -239,6 +254,9 @@ def _problem(err: Mapping[str, Any], key: str, env: bool) -> str:
     value = err.get("input")
     if key == "providers":
         return f"{name}: {value!r} is not a mapping; use {{provider name: its settings}}"
+    if key == "job_users":
+        return (f"{name}: {value!r} is not allowed; use a mapping of team name to a user "
+                "name or uid, e.g. {vision: svc-vision, nlp: 61200}")
     kind, _, allowed = _RULES[key]
     kind_error = err["type"].endswith(("_type", "_parsing", "_from_float")) or \
         "boolean" in err.get("msg", "")
@@ -308,15 +326,43 @@ def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClas
                 if not isinstance(item[key], bool):
                     raise ConfigError(f"{at}.{key}: {item[key]!r} must be true or false")
                 flags[key] = item[key]
-        out.append(PriorityClass(name=name, rank=rank, sla_s=float(sla_s), **flags))
+        roles, teams = _access(item, name, at)
+        out.append(PriorityClass(name=name, rank=rank, sla_s=float(sla_s), **flags,
+                                 allowed_roles=roles, allowed_teams=teams))
     return tuple(out)
+
+
+def _names(raw: Any, at: str, what: str, allowed: tuple[str, ...] | None = None
+           ) -> tuple[str, ...]:
+    """A list of names (roles, teams) of a class's ``allowed_*`` key."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(v, str) and v.strip() for v in raw):
+        raise ConfigError(f"{at}: {raw!r} must be a list of {what}")
+    bad = [v for v in raw if allowed is not None and v not in allowed]
+    if bad:
+        raise ConfigError(f"{at}: {bad[0]!r} is not a role; allowed: {', '.join(allowed or ())}")
+    return tuple(dict.fromkeys(v.strip() for v in raw))
+
+
+def _access(item: Mapping[str, Any], name: str, at: str
+            ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Who may submit a class: its ``allowed_roles`` and ``allowed_teams`` (both empty: all).
+    A class that gives neither key keeps the shipped class of its name's (``critical``: roles
+    operator and admin), else it is open to all."""
+    if "allowed_roles" not in item and "allowed_teams" not in item:
+        shipped = next((c for c in DEFAULT_CLASSES if c.name == name), None)
+        return ((), ()) if shipped is None else (shipped.allowed_roles, shipped.allowed_teams)
+    return (_names(item.get("allowed_roles", []), f"{at}.allowed_roles", "roles", ROLES),
+            _names(item.get("allowed_teams", []), f"{at}.allowed_teams", "team names"))
 
 
 def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus}}")
+        raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus, "
+                          "class_caps}}")
     out: list[Team] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
@@ -337,15 +383,44 @@ def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
         if not is_whole(quota) or quota < 0:
             raise ConfigError(f"{at}.quota_gpus: {quota!r} is not allowed; use a whole number "
                               ">= 0")
-        out.append(Team(name=name, weight=float(weight), quota_gpus=quota))
+        out.append(Team(name=name, weight=float(weight), quota_gpus=quota,
+                        class_caps=_caps(item.get("class_caps"), f"{at}.class_caps")))
     return tuple(out)
+
+
+def _caps(raw: Any, at: str) -> tuple[tuple[str, int], ...]:
+    """A team's ``class_caps``: {class name: the most GPUs held at once in it}. (Whether each
+    class exists is checked against the classes by :func:`load_config`.)"""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{at}: {raw!r} must be a mapping of class name to GPUs, e.g. "
+                          "{high: 16}")
+    out = []
+    for cls, gpus in raw.items():
+        if not is_whole(gpus) or gpus < 0:
+            raise ConfigError(f"{at}.{cls}: {gpus!r} is not allowed; use a whole number of "
+                              "GPUs >= 0")
+        out.append((str(cls), gpus))
+    return tuple(out)
+
+
+def check_access(classes: tuple[PriorityClass, ...], teams: tuple[Team, ...],
+                 where: str = "config") -> None:
+    """ConfigError where a team caps a class that does not exist."""
+    names = {c.name for c in classes}
+    for team in teams:
+        for cls, _ in team.class_caps:
+            if cls not in names:
+                raise ConfigError(f"{where} teams[{team.name}].class_caps: {cls!r} is not a "
+                                  f"class; allowed: {', '.join(c.name for c in classes)}")
 
 
 def _blank(key: str, value: Any) -> Any:
     """An empty redis_url is none (the embedded server); an empty providers: none."""
     if key == "redis_url" and value == "":
         return None
-    return {} if key == "providers" and value is None else value
+    return {} if key in ("providers", "job_users") and value is None else value
 
 
 def load_config(
@@ -378,6 +453,8 @@ def load_config(
             changes["teams"] = parse_teams(changes["teams"])
         if "providers" in changes:
             changes["providers"] = parse_providers(changes["providers"])
+        if "job_users" in changes:
+            changes["job_users"] = {str(k): str(v) for k, v in changes["job_users"].items()}
         if "energy" in changes:
             changes["energy"] = parse_energy(changes["energy"])
         if "carbon" in changes:
@@ -401,4 +478,5 @@ def load_config(
         )
     if cfg.lease_ttl_s <= cfg.heartbeat_s:
         raise ConfigError("config lease_ttl_s must be longer than heartbeat_s")
+    check_access(cfg.classes, cfg.teams)
     return cfg

@@ -13,12 +13,13 @@ import logging
 import time
 
 from broker import commands, metrics
-from broker.actuator import apply_plan
+from broker.actuator import apply_plan, sender
 from broker.commands import DIRTY
 from broker.plan import Applied
 from broker.runtime import Runtime
 from broker.scheduler import run_cycle
 from broker.snapshots import SnapshotBuilder
+from broker.store import node_reports
 from policies.registry import PolicySet, bundle
 from policies.settings import check_bundles
 
@@ -70,9 +71,36 @@ def _policy(rt: Runtime) -> tuple[PolicySet, SnapshotBuilder]:
     return kept[1], kept[2]
 
 
+def apply_node_reports(rt: Runtime) -> int:
+    """Apply the agents' waiting reports to the job records (broker/store/node_reports.py),
+    under the caller's fencing token, then delete them; tell the other nodes of a job whose
+    part failed or was preempted to stop theirs. Returns how many reports changed a job."""
+    applied = 0
+    for node_id, entries in rt.store.take_node_reports():
+        reports = []
+        for entry_id, fields in entries:
+            report = node_reports.decode(fields)
+            if report is None:
+                log.warning("node %s: report %s is not one (dropped): %r", node_id, entry_id,
+                            fields)
+            else:
+                reports.append(report)
+        out = node_reports.apply(rt.store, node_id, reports, time.time())
+        if out.lost:
+            log.warning("node %s has a new agent: requeued the jobs of the earlier one: %s",
+                        node_id, ", ".join(j.id for j in out.lost))
+        if out.stop:
+            sender(rt)(commands.stop_jobs, rt.celery, out.stop, rt.config.grace_s)
+        rt.store.done_node_reports(node_id, [e for e, _ in entries])
+        applied += out.applied
+    return applied
+
+
 def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, bool]:
-    """Snapshot, plan, apply. Returns what was applied and whether a trigger arrived meanwhile
-    (read and cleared in the same round trip as the cycle's statistics)."""
+    """Apply the agents' reports, then snapshot, plan, apply. Returns what was applied and
+    whether a trigger arrived meanwhile (read and cleared in the same round trip as the
+    cycle's statistics)."""
+    apply_node_reports(rt)
     t0 = time.perf_counter()
     configured, builder = _policy(rt)
     snap = builder.build(time.time())

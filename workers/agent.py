@@ -18,7 +18,6 @@ attempt; a report refused as stale (:class:`~broker.errors.StaleAttempt`) is log
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import os
 import signal
@@ -34,16 +33,19 @@ from redis.exceptions import RedisError
 
 from broker import metrics
 from broker.config import Config
-from broker.errors import JobNotFound, StaleAttempt, StoreUnreachable
+from broker.errors import ConfigError, StoreUnreachable
 from broker.model import Allocation, Job, Node, NodeState
 from broker.reach import wait_for_redis
 from broker.state import ACTIVE, EvictionKind, JobState
 from broker.store.base import BaseStore
-from broker.store.events import Exited, JobEvent, Started, StartFailed
+from broker.store.events import Exited, Started, StartFailed
+from broker.store.node_reports import Preempted, Report
+from workers.channel import NodeChannel, RedisChannel, StoreChannel, View
 from workers.interruptions import make_watcher
 from workers.isolation import Keeper, detect
-from workers.procs import kill_leftovers, of_live_agent
+from workers.procs import kill_leftovers, make_undumpable, of_live_agent
 from workers.runner import Key, RunningPart, Supervisor
+from workers.users import jobs_dir, resolve
 
 log = logging.getLogger(__name__)
 
@@ -54,31 +56,52 @@ _START_REPORT_WAIT_S = 10.0  # an end waits this long at most for its start to b
 class Agent:
     """Runs the jobs the store assigns to one node (implements workers.tasks.NodeHandler)."""
 
-    def __init__(self, store: BaseStore, config: Config, node: Node, work_dir: str,
-                 trigger: Callable[[], object] = lambda: None,
+    def __init__(self, store: BaseStore | NodeChannel, config: Config, node: Node,
+                 work_dir: str, trigger: Callable[[], object] = lambda: None,
                  send_stops: Callable[[Job], object] = lambda job: None) -> None:
-        self.store, self.config, self.node = store, config, node
+        # what this agent reads and writes of the store: its node's keys only (a store
+        # object: the same rules, applied at once; workers/channel.py)
+        self.channel: NodeChannel = store if not isinstance(store, BaseStore) else \
+            StoreChannel(store, node.id, lambda jobs: [send_stops(j) for j in jobs])
+        self.config, self.node = config, node
         self.node_id = node.id
         self._trigger, self._send_stops = trigger, send_stops
-        self.isolation = detect(node.id, work_dir, config.job_pids_max)  # warns if no cgroups
-        self.sup = Supervisor(store, work_dir, on_exits=self._on_exits, grace_s=config.grace_s,
-                              isolation=self.isolation, job_user=config.job_user)
+        # where jobs' own directories go: under work_dir, unless jobs (as per-team users)
+        # could not pass through to it (workers/users.py)
+        isolating = config.job_isolation and os.geteuid() == 0
+        self.jobs_dir = jobs_dir(work_dir, node.id) if isolating else work_dir
+        self.isolation = detect(node.id, self.jobs_dir, config.job_pids_max)  # warns if none
+        # which user each team's jobs run as (ConfigError for a bad setting)
+        self.users = resolve(self.jobs_dir, config.job_isolation, config.job_users,
+                             config.job_user, config.job_uid_range)
+        (log.info if self.users.users is not None else log.warning)(
+            "node %s: %s", node.id, self.users.summary)
+        if self.users.users is not None and self.users.users.shared_note:
+            log.warning("%s", self.users.users.shared_note)
+        self.node = replace(node, isolation=self.users.short)
+        self.sup = Supervisor(self.channel, work_dir, on_exits=self._on_exits,
+                              grace_s=config.grace_s, isolation=self.isolation,
+                              users=self.users.users, jobs_dir=self.jobs_dir)
         self._lock = threading.RLock()  # one start/stop decision at a time
         self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
         self._stopping: set[Key] = set()
         self._done: collections.OrderedDict[Key, None] = collections.OrderedDict()
-        self._unreported: dict[Key, Exited] = {}
+        self._unreported: dict[Key, Report] = {}
+        self._preempted: set[tuple[str, int]] = set()  # (job, attempt) reported Preempted
         self.draining = False
         self._drain_kind = EvictionKind.PRIORITY  # what a drain's evictions are recorded as
         self._drain_reason = f"Node {node.id} draining"
         self._quit = threading.Event()
+        self._taken = threading.Event()  # the scheduler took this incarnation (acked)
         self._beat_thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def register(self, give_up: threading.Event | None = None) -> bool:
         """Kill what an earlier incarnation left, register the node (retrying while the store
-        is unreachable, until ``give_up`` is set), start heartbeating. False if given up."""
+        is unreachable, until ``give_up`` is set), start heartbeating, and wait until the
+        scheduler has taken this incarnation (it requeues what earlier ones held first).
+        False if given up."""
         killed = kill_leftovers(self.node_id, exclude=self.sup.pids())
         if killed:
             log.warning("killed %d leftover job process(es) of node %s", len(killed),
@@ -87,7 +110,7 @@ class Agent:
         delay = 0.5
         while True:
             try:
-                lost = self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
+                self.channel.heartbeat(self.node, self.config.lease_ttl_s, time.time())
                 break
             except (RedisError, OSError) as e:
                 log.warning("cannot register node %s yet (%s); retrying in %.1fs",
@@ -95,26 +118,42 @@ class Agent:
                 if give_up is not None and give_up.wait(delay):
                     return False
                 delay = min(delay * 2, 10.0)
-        if lost:
-            log.warning("jobs of this node's previous incarnation requeued: %s",
-                        ", ".join(j.id for j in lost))
-        log.info("node %s registered (incarnation %s, %d GPU devices)", self.node_id,
-                 self.node.incarnation, len(self.node.gpus))
-        self._safe(self._trigger)
+        self._safe(self._trigger)  # (the scheduler applies the registration in a cycle)
         self._beat_thread = threading.Thread(target=self._beat_loop, name="spillway-heartbeat",
                                              daemon=True)
         self._beat_thread.start()
+        said = time.monotonic()
+        while not self._taken.wait(0.05):
+            if give_up is not None and give_up.is_set():
+                return False
+            if time.monotonic() - said > 10.0:
+                log.warning("node %s: no scheduler has taken this agent yet (is `spillway "
+                            "scheduler` running?); waiting", self.node_id)
+                said = time.monotonic()
+        log.info("node %s registered (incarnation %s, %d GPU devices)", self.node_id,
+                 self.node.incarnation, len(self.node.gpus))
         return True
 
+    def _taken_yet(self) -> bool:
+        if not self._taken.is_set() and self.channel.acked(self.node.incarnation):
+            self._taken.set()
+        return self._taken.is_set()
+
     def _beat_loop(self) -> None:
-        next_at = time.monotonic() + self.config.heartbeat_s
+        next_at = time.monotonic()
         while not self._quit.wait(max(0.0, next_at - time.monotonic())):
-            next_at = time.monotonic() + self.config.heartbeat_s
+            taken = self._taken.is_set()
+            next_at = time.monotonic() + (self.config.heartbeat_s if taken else 0.1)
             if self.isolation.keeper is not None:
                 self.isolation.keeper.ensure()  # a killed keeper is replaced within a beat
             try:
-                self.heartbeat()
-                self.reconcile()
+                if taken or time.monotonic() >= getattr(self, "_next_beat", 0.0):
+                    self.heartbeat()
+                    self._next_beat = time.monotonic() + self.config.heartbeat_s
+                if not taken and self._taken_yet():
+                    continue  # (taken now: the next round reconciles)
+                if taken:
+                    self.reconcile()
             except (RedisError, OSError) as e:
                 log.warning("heartbeat failed (%s); retrying in %.1fs", e,
                             self.config.heartbeat_s)
@@ -123,7 +162,7 @@ class Agent:
                               self.config.heartbeat_s)
 
     def heartbeat(self) -> None:
-        self.store.heartbeat(self.node, self.config.lease_ttl_s, time.time())
+        self.channel.heartbeat(self.node, self.config.lease_ttl_s, time.time())
         metrics.agent_metrics().beat()
 
     def drain(self, timeout: float | None = None, kind: EvictionKind = EvictionKind.PRIORITY,
@@ -140,13 +179,14 @@ class Agent:
         now, reason = time.time(), self._drain_reason
         with self._lock:
             local = list(self._local.values())
-        for part in local:
-            self._safe(functools.partial(self._preempt, part.job_id, part.attempt, now, reason,
+        self._safe(lambda: self._preempt([(p.job_id, p.attempt) for p in local], now, reason,
                                          self._drain_kind))
+        for part in local:
             with self._lock:
                 self._stopping.add(part.key)
             self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
         self._safe(self.reconcile)  # now preempts what was placed here and never started
+        self._safe(self._trigger)
         timeout = self.config.grace_s + 10.0 if timeout is None else timeout
         return self.sup.wait_idle(timeout)
 
@@ -163,12 +203,12 @@ class Agent:
     # -- NodeHandler ---------------------------------------------------------------------------
 
     def start_jobs(self, items: list[tuple[str, int]]) -> None:
-        ids = list(dict.fromkeys(job_id for job_id, _ in items))
-        found, refused = self.store.get_many_checked(ids)  # the seals in the same round trip
-        jobs = {j.id: j for j in found if j is not None}
+        if not self._taken_yet():
+            return  # (the reconcile after the scheduler takes this incarnation starts them)
+        view = self.channel.view()  # the seals in the same round trip
         with self._lock:
-            wanted = [(jobs[j], a) for j, a in items if j in jobs]
-            self._start(wanted, refused)
+            wanted = [(view.jobs[j], a) for j, a in items if j in view.jobs]
+            self._start(wanted, view.refused)
 
     def stop_job(self, job_id: str, attempt: int, grace_s: float) -> None:
         with self._lock:
@@ -177,30 +217,41 @@ class Agent:
                 self._stopping.update(keys)
                 self.sup.stop(job_id, attempt, grace_s)
                 return
-        job = self.store.get_many([job_id])[0]
+        view = self.channel.view()
+        job = view.jobs.get(job_id)
         if job is not None and job.state is JobState.STOPPING:
             with self._lock:
-                self._start([(job, attempt)])  # reports "Cancelled before start"
+                self._start([(job, attempt)], view.refused)  # reports "Cancelled before start"
 
     # -- starting ------------------------------------------------------------------------------
 
-    def _start(self, wanted: Iterable[tuple[Job, int]],
-               refused: dict[str, str] | None = None) -> None:
+    def _start(self, wanted: Iterable[tuple[Job, int]], refused: dict[str, str]) -> None:
         """Spawn every part of these (job, attempt) pairs that should run here and does not;
-        ``refused``: their specs' problems, when read with the jobs (else read here). Called
-        with the lock held."""
+        ``refused``: the jobs whose specs are not the sealed ones. Called with the lock
+        held."""
         spawn: list[tuple[Job, Allocation]] = []
+        ends: list[tuple[Key, Report]] = []
+        preempt: list[tuple[str, int]] = []
         for job, attempt in wanted:
             for alloc in self._missing_parts(job, attempt):
                 key = (job.id, attempt, alloc.rank)
-                if job.state is not JobState.STOPPING and self.draining:
-                    job = self._preempt(job.id, attempt, time.time(), self._drain_reason,
-                                        self._drain_kind) or job
-                if job.state is JobState.STOPPING:
-                    self._report_exit(key, Exited(alloc.rank, 143, "Cancelled before start"))
-                elif not self.draining:
+                stopping = job.state is JobState.STOPPING
+                if not stopping and self.draining:
+                    preempt.append((job.id, attempt))  # its end, after this, requeues it
+                    stopping = True
+                if stopping:
+                    ends.append((key, Report(job.id, attempt, Exited(
+                        alloc.rank, 143, "Cancelled before start"), time.time())))
+                elif job.id in refused:
+                    log.error("job %s refused: %s", job.id, refused[job.id])
+                    ends.append((key, Report(job.id, attempt, StartFailed(
+                        alloc.rank, refused[job.id]), time.time())))
+                else:
                     spawn.append((job, alloc))
-        spawn = self._sealed(spawn, refused)
+        if preempt:
+            self._preempt(preempt, time.time(), self._drain_reason, self._drain_kind)
+        if ends:
+            self._report_exits(ends)
         if not spawn:
             return
         parts = self.sup.spawn_many([(j, a.rank, a.gpu_ids) for j, a in spawn], self.node_id)
@@ -209,69 +260,43 @@ class Agent:
             if part.start_error is None:
                 self._local[part.key] = part
                 started.append(part)
-            else:
+            else:  # (the runner reported its StartFailed)
                 self._remember_done(part.key)
-                if part.job_after is not None:
-                    self._after_report(part.job_after)
         metrics.agent_metrics().started(len(started))
         self._report_started(started)
 
-    def _sealed(self, spawn: list[tuple[Job, Allocation]],
-                refused: dict[str, str] | None = None) -> list[tuple[Job, Allocation]]:
-        """The parts whose job's spec is the one submitted; the others are reported as failed
-        to start, unrun (broker/security/seal.py). Called with the lock held."""
-        if not spawn:
-            return spawn
-        if refused is None:
-            refused = self.store.spec_problems(list({j.id: j for j, _ in spawn}.values()))
-        for job, alloc in spawn:
-            if job.id in refused:
-                log.error("job %s refused: %s", job.id, refused[job.id])
-                self._report_exit((job.id, job.attempt, alloc.rank),
-                                  StartFailed(alloc.rank, refused[job.id]))
-        return [(j, a) for j, a in spawn if j.id not in refused]
-
     def _report_started(self, parts: list[RunningPart]) -> None:
-        """Report these parts Started, in one round trip; a part whose attempt is over is
-        killed. Their ends are reported only after this (:meth:`_on_exits` waits), except
-        for a part that has ended without a line of output: its cgroup and scratch are
-        released here (:meth:`RunningPart.settle`; once, whichever thread comes first) and
-        its end goes in the same round trip, folded into the same write (a short job costs
-        one write, not two), and :meth:`_on_exits` leaves it out."""
+        """Report these parts Started, in one round trip. Their ends are reported only after
+        this (:meth:`_on_exits` waits), except for a part that has ended without a line of
+        output: its cgroup and scratch are released here (:meth:`RunningPart.settle`; once,
+        whichever thread comes first) and its end goes in the same round trip, right after
+        its start (a short job costs one write, not two), and :meth:`_on_exits` leaves it
+        out. Reports that cannot be sent now are sent again at the next heartbeat."""
         if not parts:
             return
         try:
             now = time.time()
-            reports: list[tuple[str, int, JobEvent, float]] = []
-            ended: list[tuple[RunningPart, int]] = []
+            reports: list[Report] = []
+            ended: list[RunningPart] = []
             for p in parts:
-                reports.append((p.job_id, p.attempt, Started(p.rank, p.pid, p.note), now))
+                reports.append(Report(p.job_id, p.attempt, Started(p.rank, p.pid, p.note), now))
                 if p.settle() and p.exit_code is not None:  # ended quietly, released now
-                    ended.append((p, len(reports)))
-                    reports.append((p.job_id, p.attempt,
-                                    Exited(p.rank, p.exit_code, p.reason), time.time()))
+                    ended.append(p)
+                    reports.append(Report(p.job_id, p.attempt,
+                                          Exited(p.rank, p.exit_code, p.reason), time.time()))
             try:
-                results: list[Job | Exception] = self.store.report_many(reports)
+                self.channel.report_many(reports)
             except Exception as e:  # the store is unreachable: reconcile reports them again
-                results = [e] * len(reports)
-            for part, result in zip(parts, (r for i, r in enumerate(results)
-                                            if reports[i][2].__class__ is Started)):
-                if isinstance(result, (StaleAttempt, JobNotFound)):
-                    log.warning("%s; killing the part just started", result)
-                    self.sup.kill(part.job_id, part.attempt, "StaleAttempt")
-                elif isinstance(result, Exception):
-                    log.warning("start of %s not reported yet (%s)", part.owner, result)
-            reported = False
-            for part, i in ended:
-                result = results[i]
-                if isinstance(result, (StaleAttempt, JobNotFound)):
-                    part.end_reported = True  # (the exit report would be dropped too)
-                elif not isinstance(result, Exception):
-                    part.end_reported = True
-                    self._after_report(result, trigger=False)
-                    reported = True
-            if reported:
-                self._safe(self._trigger)
+                log.warning("starts of %s not reported yet (%s)",
+                            ", ".join(p.owner for p in parts), e)
+                for p in ended:  # (its end: at the next heartbeat, after its start)
+                    p.end_reported = True
+                    self._unreported[p.key] = Report(p.job_id, p.attempt, Exited(
+                        p.rank, p.exit_code or 0, p.reason), time.time())
+                return
+            for p in ended:
+                p.end_reported = True
+            self._safe(self._trigger)
         finally:
             for part in parts:
                 part.start_reported.set()
@@ -286,17 +311,16 @@ class Agent:
                 and (job.id, attempt, a.rank) not in self._local
                 and (job.id, attempt, a.rank) not in self._done]
 
-    def _preempt(self, job_id: str, attempt: int, now: float, reason: str,
-                 kind: EvictionKind = EvictionKind.PRIORITY) -> Job | None:
-        """STOPPING with target PREEMPTED; the parts on other nodes are told to stop."""
-        try:
-            job = self.store.preempt(job_id, attempt, now, reason, kind)
-        except (StaleAttempt, JobNotFound):
-            return None
-        others = tuple(a for a in job.allocations if a.node_id != self.node_id)
-        if others:
-            self._safe(lambda: self._send_stops(replace(job, allocations=others)))
-        return job
+    def _preempt(self, owners: Iterable[tuple[str, int]], now: float, reason: str,
+                 kind: EvictionKind = EvictionKind.PRIORITY) -> None:
+        """Ask that these jobs be stopped and requeued (the scheduler tells their parts on
+        other nodes to stop); each once."""
+        todo = [o for o in dict.fromkeys(owners) if o not in self._preempted]
+        if not todo:
+            return
+        self.channel.report_many([Report(j, a, Preempted(kind.value, reason), now)
+                                  for j, a in todo])
+        self._preempted.update(todo)
 
     # -- ending --------------------------------------------------------------------------------
 
@@ -316,8 +340,8 @@ class Agent:
                      part.attempt, part.rank, part.exit_code, part.reason)
         todo = [p for p in parts if not p.end_reported]  # (others: reported with the start)
         if todo:
-            self._report_exits([(p.key, Exited(p.rank, p.exit_code or 0, p.reason))
-                                for p in todo])
+            self._report_exits([(p.key, Report(p.job_id, p.attempt, Exited(
+                p.rank, p.exit_code or 0, p.reason), time.time())) for p in todo])
 
     def _remember_done(self, key: Key) -> None:
         with self._lock:
@@ -325,47 +349,21 @@ class Agent:
             while len(self._done) > _DONE_MEMORY:
                 self._done.popitem(last=False)
 
-    def _report_exit(self, key: Key, event: JobEvent) -> None:
-        self._report_exits([(key, event)])
-
-    def _report_exits(self, items: list[tuple[Key, JobEvent]]) -> None:
-        """Report these ends in one round trip, then ask for one scheduling cycle."""
+    def _report_exits(self, items: list[tuple[Key, Report]]) -> None:
+        """Report these ends in one round trip, then ask for one scheduling cycle; what
+        cannot be sent now is sent again at the next heartbeat."""
         for key, _ in items:
             self._remember_done(key)
-        now = time.time()
         try:
-            results: list[Job | Exception] = self.store.report_many(
-                [(key[0], key[1], event, now) for key, event in items])
+            self.channel.report_many([r for _, r in items])
         except Exception as e:
-            results = [e] * len(items)
-        reported = False
-        for (key, event), result in zip(items, results):
-            if isinstance(result, (StaleAttempt, JobNotFound)):
-                log.info("exit report dropped: %s", result)
-                self._unreported.pop(key, None)
-            elif isinstance(result, Exception):
-                log.warning("exit of %s:%d rank %d not reported yet (%s); retrying at the next "
-                            "heartbeat", key[0], key[1], key[2], result)
-                if isinstance(event, Exited):
-                    self._unreported[key] = event
-            else:
-                self._unreported.pop(key, None)
-                self._after_report(result, trigger=False)
-                reported = True
-        if reported:
-            self._safe(self._trigger)
-
-    def _after_report(self, job: Job, trigger: bool = True) -> None:
-        if job.state is JobState.STOPPING and job.stop_target is JobState.FAILED:
-            # a part of this gang failed: stop the others, here and elsewhere
-            with self._lock:
-                here = [k for k in self._local if k[:2] == (job.id, job.attempt)]
-                self._stopping.update(here)
-            if here:
-                self.sup.stop(job.id, job.attempt, self.config.grace_s, "GangPartFailed")
-            self._safe(lambda: self._send_stops(job))
-        if trigger:
-            self._safe(self._trigger)
+            log.warning("%d exit report(s) not sent yet (%s); retrying at the next heartbeat",
+                        len(items), e)
+            self._unreported.update(items)
+            return
+        for key, _ in items:
+            self._unreported.pop(key, None)
+        self._safe(self._trigger)
 
     # -- reconcile (heartbeat thread) ----------------------------------------------------------
 
@@ -374,22 +372,20 @@ class Agent:
         whose job is STOPPING, start parts whose start message was lost."""
         with self._lock:
             local = dict(self._local)  # read before the store: a later spawn is not judged
-        owners = set(self.store.allocations([self.node_id]).get(self.node_id, {}).values())
-        jobs = self._jobs_of(owners | {p.owner for p in local.values()})
+        view = self.channel.view()
         with self._lock:
-            self._judge(local, owners, jobs)
-            wanted = [(jobs[j], a) for j, a in map(_split_owner, owners) if j in jobs]
-            self._start(wanted)
+            self._judge(local, view)
+            wanted = [(j, j.attempt) for j in view.jobs.values()]
+            self._start(wanted, view.refused)
         if self._unreported:
             self._report_exits(list(self._unreported.items()))
 
-    def _judge(self, local: dict[Key, RunningPart], owners: set[str], jobs: dict[str, Job]
-               ) -> None:
+    def _judge(self, local: dict[Key, RunningPart], view: View) -> None:
         for key, part in local.items():
-            job = jobs.get(part.job_id)
+            job = view.jobs.get(part.job_id)
             if (job is None or job.attempt != part.attempt or job.state not in ACTIVE
                     or self.node_id not in job.node_ids
-                    or (part.gpu_ids and part.owner not in owners)):
+                    or (part.gpu_ids and part.owner not in view.owners)):
                 log.warning("job %s attempt %d no longer runs here (%s); killing it",
                             part.job_id, part.attempt,
                             "gone" if job is None else f"{job.state.value} attempt {job.attempt}")
@@ -397,12 +393,8 @@ class Agent:
             elif job.state is JobState.STOPPING and key not in self._stopping:
                 self._stopping.add(key)
                 self.sup.stop(part.job_id, part.attempt, self.config.grace_s)
-            elif job.state is JobState.STARTING:
-                self._report_started([part])  # its first report was lost
-
-    def _jobs_of(self, owners_or_ids: Iterable[str]) -> dict[str, Job]:
-        ids = sorted({o.rsplit(":", 1)[0] for o in owners_or_ids})
-        return {j.id: j for j in self.store.get_many(ids) if j is not None}
+            elif job.state is JobState.STARTING and part.start_reported.is_set():
+                self._report_started([part])  # its first report was lost (or not applied yet)
 
     @staticmethod
     def _safe(fn: Callable[[], Any]) -> None:
@@ -445,7 +437,6 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
 
     from broker import commands
     from broker.app import app, configure, node_queue
-    from broker.store import open_store
     from workers.discovery import discover
     from workers.tasks import set_node_handler  # registers this queue's tasks
 
@@ -454,6 +445,13 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
 
     install_log_redaction(extra=[url_password(redis_url), config.metrics_token,
                                  config.metrics_basic_auth])  # no secret in a log line
+    make_undumpable()  # no job can read this process's memory, environment or descriptors
+    if url_password(os.environ.get("SPILLWAY_REDIS_URL", "") or ""):
+        log.warning("the agent's Redis password is in its environment (SPILLWAY_REDIS_URL): "
+                    "give it a file instead, --redis-url-file or SPILLWAY_REDIS_URL_FILE (mode "
+                    "0600)")
+    for var in ("SPILLWAY_REDIS_URL", "SPILLWAY_REDIS_URL_FILE"):  # (nothing it starts gets
+        os.environ.pop(var, None)  # them: the keeper, the jobs)
     stop_requested = _early_signal_handlers()
     node_id = node_id or socket.gethostname()
     try:
@@ -472,12 +470,14 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
                   "SPILLWAY_REDIS_RETRY_S) sets how long it waits (0: forever)", e)
         return 1
     celery = configure(app, redis_url, config)
-    store = open_store(redis_url, config)
-    control = redis.Redis.from_url(redis_url)  # the cycle trigger's keys
+    control = redis.Redis.from_url(redis_url)  # its node's keys, and the cycle trigger's
     work_dir = work_dir or os.path.join(os.path.expanduser(config.state_dir), "agent", node_id)
-    agent = Agent(store, config, node, work_dir,
-                  trigger=lambda: commands.trigger_cycle(control),
-                  send_stops=lambda job: commands.stop_jobs(celery, [job], config.grace_s))
+    try:
+        agent = Agent(RedisChannel(control, node_id), config, node, work_dir,
+                      trigger=lambda: commands.trigger_cycle(control))
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
     try:
         watcher = make_watcher(agent)  # spot interruption notices (workers/interruptions.py)
     except ValueError as e:
@@ -512,7 +512,6 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         agent.close()
         keeper.stop()
         control.close()
-        getattr(store, "close", lambda: None)()
 
 
 def _early_signal_handlers() -> threading.Event:

@@ -34,10 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from broker.model import Instance, InstanceState, Node, Site
+from broker.model import Node, Site
 from broker.state import EvictionKind
-from broker.store.base import BaseStore
-from broker.store.instances import block_key_of
+from broker.store.node_reports import Noticed, Report
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,6 @@ WATCH_CHOICES = ("auto", "aws", "gcp", "off")
 AWS_METADATA = "http://169.254.169.254"
 GCP_METADATA = "http://metadata.google.internal"
 GCP_NOTICE_S = 30.0  # a preempted GCE machine gets about this long
-DEFAULT_COOLDOWN_S = 900.0  # a provider's cooldown_s when the agent's config has none
 
 
 @dataclass(frozen=True)
@@ -225,7 +223,7 @@ class Watcher:
 
 
 class DrainableAgent(Protocol):
-    store: BaseStore
+    channel: Any  # workers/channel.py NodeChannel: its node's reports
     node: Node
     config: Any
 
@@ -234,49 +232,16 @@ class DrainableAgent(Protocol):
 
 
 def act_on_notice(agent: DrainableAgent, notice: Notice, now: float) -> bool:
-    """Record the notice on the node's instance and cool its zone down, then drain the node
-    with eviction kind ``spot``. True when every job ended within the grace period."""
+    """Report the notice (the scheduler marks the node's instance DRAINING and cools its
+    zone down: broker/store/node_reports.py), then drain the node with eviction kind
+    ``spot``. True when every job ended within the grace period."""
     reason = notice.describe(now)
     try:
-        mark_instance(agent.store, agent.node, reason, now, _cooldown_s(agent))
+        agent.channel.report_many([Report("", 0, Noticed(reason), now)])
     except Exception:
-        log.exception("could not record the spot notice on instance %s (draining anyway)",
+        log.exception("could not report the spot notice on instance %s (draining anyway)",
                       agent.node.instance_id)
     return agent.drain(kind=EvictionKind.SPOT, reason=f"Node {agent.node.id}: {reason}")
-
-
-def mark_instance(store: BaseStore, node: Node, reason: str, now: float,
-                  cooldown_s: float) -> list[Instance]:
-    """Move the node's instance record to DRAINING and block its offer's zone for
-    ``cooldown_s``. The records changed (none when the node has no instance id or the store
-    has no record of it, e.g. a spot machine started by hand)."""
-    if not node.instance_id:
-        log.info("spot notice on node %s, which has no instance id: no zone cooled down",
-                 node.id)
-        return []
-    mine = [i for i in store.instances(live_only=True) if i.provider_id == node.instance_id]
-    if not mine:
-        log.info("spot notice: no live instance record for %s; no zone cooled down",
-                 node.instance_id)
-    out = []
-    for inst in mine:
-        moved = store.move_instance(inst.request_id, InstanceState.DRAINING, now, reason)
-        store.block(block_key_of(inst.offer_id), now + cooldown_s, reason)
-        log.info("instance %s (%s) draining; %s cools down for %.0fs", inst.provider_id,
-                 inst.request_id, block_key_of(inst.offer_id), cooldown_s)
-        out += [moved] if moved is not None else []
-    return out
-
-
-def _cooldown_s(agent: DrainableAgent) -> float:
-    """The provider's ``cooldown_s`` from the agent's configuration, if it has one."""
-    site = Site.parse(agent.node.site)
-    providers = getattr(agent.config, "providers", {}) or {}
-    settings = providers.get(site.provider)
-    value = getattr(settings, "cooldown_s", None)
-    if value is None and isinstance(settings, Mapping):
-        value = settings.get("cooldown_s")
-    return float(value) if isinstance(value, (int, float)) else DEFAULT_COOLDOWN_S
 
 
 def make_watcher(agent: DrainableAgent, environ: Mapping[str, str] = os.environ,

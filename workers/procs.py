@@ -15,16 +15,21 @@ behind by scanning ``/proc/*/environ`` for ``SPILLWAY_NODE_ID=<its node id>``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 
 from broker.model import Job
+from workers.users import JobIdentity, own_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +56,25 @@ def pdeathsig_prefix() -> tuple[str, ...]:
     return (path, "--pdeathsig", "KILL", "--")
 
 
-def as_user_prefix(user: str) -> tuple[str, ...]:
-    """``(setpriv, --reuid U, --regid G, --init-groups, --pdeathsig KILL, --)`` to run a job as
-    ``user`` (the parent-death signal is set after the change of user, which would clear it);
-    ConfigError naming the user when it does not exist or setpriv is missing."""
-    import pwd
+def make_undumpable() -> bool:
+    """``prctl(PR_SET_DUMPABLE, 0)``: no process of another uid, nor of this one without
+    CAP_SYS_PTRACE, may ptrace this one or read its ``/proc/<pid>/environ``, ``mem``, ``maps``
+    or file descriptors, and it leaves no core dump (an agent's memory holds its Redis
+    password). Children are not affected: ``execve`` makes them dumpable again. False where the
+    call fails (not Linux), after a warning."""
+    import ctypes
 
-    from broker.errors import ConfigError
-
+    pr_set_dumpable = 4
     try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise ConfigError(f"config job_user: {user!r} is no user on this host; allowed: an "
-                          "existing unprivileged user, or empty to run jobs as the agent's "
-                          "user") from None
-    path = shutil.which("setpriv")
-    if path is None:
-        raise ConfigError("config job_user needs util-linux setpriv, which is not installed")
-    return (path, "--reuid", str(pw.pw_uid), "--regid", str(pw.pw_gid), "--init-groups",
-            "--pdeathsig", "KILL", "--")
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) == 0:
+            return True
+        why = os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as e:
+        why = str(e)
+    log.warning("cannot make the agent non-dumpable (%s): a job running as the agent's uid "
+                "could read the agent's memory and environment", why)
+    return False
 
 
 class LineSplitter:
@@ -133,20 +138,27 @@ class StartError(Exception):
     """A job part cannot be started here (its workdir or command is missing)."""
 
 
-def job_cwd(job: Job, node_id: str, work_dir: str) -> tuple[str, str]:
+def job_cwd(job: Job, node_id: str, work_dir: str, ident: JobIdentity | None = None
+            ) -> tuple[str, str]:
     """The part's working directory, and a note for the job's log and history when it is not
     the job's workdir. The workdir (by default the directory the job was submitted from) where
     it exists on this node; otherwise, as Slurm does, somewhere else: a directory of the job's
     own, ``<work_dir>/jobs/<job>``, kept across its attempts, so that no two jobs share their
-    relative outputs. StartError if that cannot be made."""
+    relative outputs (with ``ident``, the job's user owns it, mode 0700). StartError if that
+    cannot be made, or if ``ident`` could not enter the workdir."""
     spec = job.spec
     if spec.workdir:
         cwd = os.path.expanduser(spec.workdir)
         if os.path.isdir(cwd):
+            if ident is not None and not can_enter(cwd, ident):
+                raise StartError(
+                    f"workdir {cwd} is not accessible to uid {ident.uid} ({ident.name}, the "
+                    f"user team {job.team}'s jobs run as on node {node_id}): let that user "
+                    "enter it, or name the team's own account in the agent's job_users")
             return cwd, ""
     own = os.path.join(work_dir, "jobs", job.id)
     try:
-        os.makedirs(own, exist_ok=True)
+        _job_dir(own, ident)
     except OSError as e:
         raise StartError(f"cannot create the job's directory {own!r}: {e.strerror}") from None
     if not spec.workdir:  # (a record written by a client before workdirs were recorded)
@@ -154,16 +166,55 @@ def job_cwd(job: Job, node_id: str, work_dir: str) -> tuple[str, str]:
     return own, f"workdir {spec.workdir} does not exist on node {node_id}; running in {own} instead"
 
 
+def _job_dir(path: str, ident: JobIdentity | None) -> None:
+    """A directory of the job's: made (its parents traversable, not listable, by others) and,
+    with ``ident``, its user's own, mode 0700."""
+    if ident is None:
+        os.makedirs(path, exist_ok=True)
+        return
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o711, exist_ok=True)
+    own_dir(path, ident.uid, ident.gid)
+
+
+def can_enter(path: str, ident: JobIdentity) -> bool:
+    """Could ``ident`` (uid, gid, groups) enter the directory ``path``: the ``x`` permission
+    on it and on every directory above it, by owner, group or others as Unix checks."""
+    groups = {ident.gid, *ident.groups}
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    for i in range(1, len(parts) + 1):
+        d = os.sep.join(parts[:i]) or os.sep
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if st.st_uid == ident.uid:
+            bit = 0o100
+        elif st.st_gid in groups:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
 def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
-               base_env: Mapping[str, str], work_dir: str
+               base_env: Mapping[str, str], work_dir: str, ident: JobIdentity | None = None
                ) -> tuple[list[str], str, dict[str, str], str]:
     """The argv, working directory and environment of one job part, and a note when the
     directory is not the job's workdir (:func:`job_cwd`); StartError if it cannot start. The
-    environment is the agent's, then the job's own, then Spillway's variables, so
-    ``CUDA_VISIBLE_DEVICES`` is always exactly the part's devices."""
+    environment is the agent's (less its secrets), the user's ``HOME``, ``USER`` and
+    ``LOGNAME`` with ``ident``, then the job's own, then Spillway's variables, so
+    ``CUDA_VISIBLE_DEVICES`` is always exactly the part's devices. Nothing here runs the
+    environment: the process that gets it is already the job's user (workers/runner.py)."""
     spec = job.spec
-    cwd, note = job_cwd(job, node_id, work_dir)
-    env = {**base_env, **spec.env}
+    cwd, note = job_cwd(job, node_id, work_dir, ident)
+    env = dict(base_env)
+    if ident is not None:
+        env.update(HOME=ident.home, USER=ident.name, LOGNAME=ident.name)
+    env.update(spec.env)
     argv = list(spec.argv)
     if not _found(argv[0], env.get("PATH", os.defpath)) and not (
             "/" in argv[0] and os.access(os.path.join(cwd, argv[0]), os.X_OK)):
@@ -171,7 +222,7 @@ def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,
     ckpt = spec.checkpoint_dir or os.path.join(work_dir, "checkpoints", job.id)
     if not spec.checkpoint_dir:
         try:
-            os.makedirs(ckpt, exist_ok=True)
+            _job_dir(ckpt, ident)
         except OSError as e:
             raise StartError(f"cannot create checkpoint dir {ckpt!r}: {e.strerror}") from None
     visible = ",".join(gpu_ids)
@@ -223,16 +274,55 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def _registry() -> str:
+    """The directory where this host's live agents are recorded (token -> pid and start time):
+    ``/run/spillway/agents`` for root, else a directory of the user's in the temp directory;
+    mode 0700, so a job learns nothing of its agent from it."""
+    base = "/run/spillway/agents" if os.geteuid() == 0 and os.access("/run", os.W_OK) else \
+        os.path.join(tempfile.gettempdir(), f"spillway-agents-{os.geteuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{base} is not a directory of uid {os.geteuid()}: refusing to use it")
+    if st.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base
+
+
 def agent_tag(pid: int | None = None) -> str:
-    """``<pid>:<start time>`` of an agent process, put in its jobs' ``SPILLWAY_AGENT``: it names
-    the agent even after the pid is reused."""
+    """An opaque token naming an agent process, put in its jobs' ``SPILLWAY_AGENT`` (it tells
+    a leftover from a live agent's job without handing the job its agent's pid). The agent's
+    pid and start time are recorded under the token in :func:`_registry`; the token of this
+    process is made once and stays the same."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{_start_time(pid)}"
+    if pid == os.getpid() and _OWN_TAG:
+        return _OWN_TAG[0]
+    token = secrets.token_hex(12)
+    path = os.path.join(_registry(), token)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(f"{pid}:{_start_time(pid)}")
+    if pid == os.getpid():
+        _OWN_TAG.append(token)
+    return token
+
+
+_OWN_TAG: list[str] = []
 
 
 def _live_agent(tag: str) -> bool:
-    pid, _, start = tag.partition(":")
-    return pid.isdigit() and _start_time(int(pid)) == start
+    """Does the agent ``tag`` names still run? (A tag unknown here: no.)"""
+    if not tag.isalnum():
+        return False
+    try:
+        with open(os.path.join(_registry(), tag)) as f:
+            pid, _, start = f.read().partition(":")
+    except OSError:
+        return False
+    alive = pid.isdigit() and _start_time(int(pid)) == start
+    if not alive:  # (a dead agent's record: forget it)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(_registry(), tag))
+    return alive
 
 
 def of_live_agent(pid: int) -> bool:
@@ -269,11 +359,11 @@ def find_leftovers(node_id: str, exclude: Iterable[int] = ()) -> list[int]:
             continue
         tag = next((e[15:].decode() for e in env if e.startswith(b"SPILLWAY_AGENT=")), "")
         if tag and tag != me and _live_agent(tag):
-            others.add(tag.partition(":")[0])
+            others.add(tag)
         elif tag != me:
             found.append(int(name))
     if others:
-        log.warning("jobs with SPILLWAY_NODE_ID=%s belong to other live agent(s), pid %s: is a "
+        log.warning("jobs with SPILLWAY_NODE_ID=%s belong to other live agent(s) %s: is a "
                     "second agent running with this node id?", node_id, ", ".join(sorted(others)))
     return sorted(found)
 

@@ -24,33 +24,34 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
-import pwd
 import queue
 import selectors
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.errors import JobNotFound, StaleAttempt
+from broker.errors import ConfigError, JobNotFound, StaleAttempt
 from broker.model import Job
+from broker.model.spec import MAX_TIME_LIMIT_S, seconds_text
 from broker.security.redact import job_base_env
-from broker.store.base import BaseStore
-from broker.store.events import STOPPED, StartFailed
+from broker.store.events import STOPPED, JobEvent, StartFailed
+from workers import cgroupfs
 from workers.procs import (
     LineSplitter,
     StartError,
     agent_tag,
-    as_user_prefix,
     exit_code,
     job_launch,
     pdeathsig_prefix,
 )
+from workers.users import JobIdentity, JobUsers, own_dir
 
 if TYPE_CHECKING:
     from workers.isolation import Isolation
@@ -59,8 +60,36 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int, int]  # (job id, attempt, rank)
 _POLL_S = 0.05  # exit polling period where pidfd_open is missing
+# The longest one select() waits: a timer further off is looked at again when it wakes. epoll
+# takes its timeout as milliseconds in a C int: past about 24.8 days it raises OverflowError
+# (inf and 1e300 too), which once left the loop failing at once, forever, its jobs unwatched.
+_MAX_WAIT_S = 3600.0
 _REPORT_BATCH = 256  # reporter items taken at once
 _FORK_THREADS = 4  # a start batch's processes forked at once
+#: A gated part (:meth:`Supervisor._open_gate`) waits for one line on stdin, then runs the job
+#: with stdin from /dev/null; no line (the agent could not move it into its cgroup): exit 125.
+_GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
+
+
+def time_limit_for(value: object, most: float) -> tuple[float | None, str]:
+    """The time limit a part runs under, and why it is not the one its record gives ("" when
+    it is). Submit takes only limits > 0, finite and at most the maximum, but a record
+    written by an older client may hold anything: a longer one is held to ``most``, and one
+    that is no positive finite number (NaN, inf, 0, negative, not a number) runs under
+    ``most`` too, so no value can leave a part without a bounded timer. None: no limit."""
+    if value is None:
+        return None, ""
+    try:
+        secs = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        secs = math.nan
+    if 0 < secs <= most:
+        return secs, ""
+    if math.isfinite(secs) and secs > most:
+        return most, (f"time_limit {seconds_text(secs)} is longer than this node's maximum; "
+                      f"held to {seconds_text(most)}")
+    return most, (f"time_limit {value!r} is not a positive finite number of seconds; held to "
+                  f"the maximum, {seconds_text(most)}")
 
 
 @dataclass(eq=False)
@@ -125,6 +154,17 @@ class RunningPart:
         return f"{self.job_id}:{self.attempt}"
 
 
+class PartStore(Protocol):
+    """Where the runner reports a part that failed to start and writes its log lines: the
+    agent's channel (workers/channel.py), or a store object (tests)."""
+
+    def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job | None:
+        ...
+
+    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
+                    now: float) -> None: ...
+
+
 @dataclass
 class _Launch:
     part: RunningPart
@@ -133,6 +173,8 @@ class _Launch:
     env: dict[str, str]
     time_limit: float | None
     program: str = ""  # the job's own command (argv[0] after any wrappers), for errors
+    ident: JobIdentity | None = None  # the user it runs as (None: the agent's)
+    gated: bool = False  # waits on stdin until the agent has moved it into its cgroup
     future: Future[RunningPart] = field(default_factory=Future)
 
 
@@ -140,12 +182,17 @@ class Supervisor:
     """Runs job parts; ``on_exit(part)`` is called (on the reporter thread) when one ends, or
     ``on_exits(parts)`` once for the parts that ended together."""
 
-    def __init__(self, store: BaseStore, work_dir: str, on_exit: Callable[[RunningPart], None]
+    #: the longest time limit a part runs under, whatever its record says (time_limit_for);
+    #: the agent sets the configuration's max_time_limit_s
+    max_time_limit_s: float = MAX_TIME_LIMIT_S
+
+    def __init__(self, store: PartStore, work_dir: str, on_exit: Callable[[RunningPart], None]
                  | None = None, grace_s: float = 30.0, flush_s: float = 0.1,
                  flush_lines: int = 500, clock: Callable[[], float] = time.time,
                  isolation: Isolation | None = None,
                  on_exits: Callable[[list[RunningPart]], None] | None = None,
-                 job_user: str = "") -> None:
+                 job_user: str = "", users: JobUsers | None = None,
+                 jobs_dir: str | None = None) -> None:
         self.isolation = isolation  # None: no cgroups nor scratch directories (as before)
         self.store, self.on_exit, self.grace_s = store, on_exit, grace_s
         self.on_exits = on_exits
@@ -153,13 +200,20 @@ class Supervisor:
         self.work_dir = os.path.abspath(os.path.expanduser(work_dir))
         self.log_dir = os.path.join(self.work_dir, "logs")
         os.makedirs(self.log_dir, exist_ok=True)
+        # jobs' own directories (working directory, checkpoints): under work_dir, unless
+        # jobs could not reach it (workers/users.py jobs_dir)
+        self.jobs_dir = os.path.abspath(os.path.expanduser(jobs_dir or work_dir))
         # the agent's environment, read once, without its secrets (broker/security/redact.py)
         self._base_env = job_base_env(os.environ)
         self._prefix = list(pdeathsig_prefix())
-        # jobs run as job_user (the agent as root): its setpriv goes after the cgroup step,
-        # which must still write as root
-        self._as_user = list(as_user_prefix(job_user)) if job_user else []
-        self.job_uid = pwd.getpwnam(job_user).pw_uid if job_user else None
+        # which user each team's jobs run as (an agent as root; workers/users.py); None: the
+        # agent's own. ``job_user`` alone: every team as that one user
+        self.users = users if users is not None or not job_user else \
+            JobUsers(self.jobs_dir, shared=job_user)
+        if self.users is not None:
+            os.makedirs(self.jobs_dir, exist_ok=True)
+            os.chmod(self.jobs_dir, 0o711)  # jobs pass through to their directories, no more
+            os.chmod(self.log_dir, 0o700)
         self._agent = agent_tag()
         self._lock = threading.Lock()
         self._parts: dict[Key, RunningPart] = {}  # written by the supervisor thread only
@@ -268,33 +322,46 @@ class Supervisor:
     def _prepare(self, job: Job, part: RunningPart, node_id: str) -> _Launch:
         if self._closing:
             raise StartError("the agent is shutting down")
+        ident = self._identity(job)
         argv, cwd, env, part.note = job_launch(job, part.rank, part.gpu_ids, node_id,
-                                               self._base_env, self.work_dir)
-        if part.note and self.job_uid is not None:  # the job's own directory: its user's
-            with contextlib.suppress(OSError):
-                os.chown(cwd, self.job_uid, -1)
+                                               self._base_env, self.jobs_dir, ident)
         env["SPILLWAY_AGENT"] = self._agent  # tells a leftover from a live agent's job
         program = argv[0]
+        gated = False
         if self.isolation is not None:
             try:
                 part._box = self.isolation.box(job.id, job.attempt, part.rank,
-                                               job.spec.memory_gb, job.spec.cpus)
+                                               job.spec.memory_gb, job.spec.cpus,
+                                               part.gpu_ids)  # the devices it may open
+                if ident is not None:  # the job's user owns its scratch, and may reach it
+                    os.chmod(os.path.dirname(part._box.scratch), 0o711)
+                    own_dir(part._box.scratch, ident.uid, ident.gid)
             except OSError as e:
                 raise StartError(f"cannot create the job's scratch directory: {e}") from None
-            if self.job_uid is not None:  # the job's user owns its scratch, and may reach it
-                with contextlib.suppress(OSError):
-                    os.chown(part._box.scratch, self.job_uid, -1)
-                    os.chmod(os.path.dirname(part._box.scratch), 0o711)
-            argv = part._box.argv(self._as_user + argv)
+            # A job's user cannot move itself into its cgroup (v2, or v1 where the forking
+            # thread cannot enter): the agent moves it while it waits at a gate (_fork)
+            gated = ident is not None and bool(part._box.dirs) and not self.isolation.by_thread
+            if not gated:
+                argv = part._box.argv(argv)
             env.update(part._box.env())
-        elif self._as_user:
-            argv = self._as_user + argv
-        # No parent-death wrapper for a job as job_user (its own setpriv sets it), nor for a
-        # job in a cgroup that a live keeper will kill if the agent dies (one exec less).
+        # No parent-death wrapper for a job in a cgroup that a live keeper will kill if the
+        # agent dies (one exec less).
         kept = part._box is not None and part._box.dirs and self.isolation is not None \
             and self.isolation.kept()
-        prefix = [] if self._as_user or kept else self._prefix
-        return _Launch(part, prefix + argv, cwd, env, job.spec.time_limit, program)
+        prefix = [] if kept else self._prefix
+        argv = prefix + argv
+        if gated:
+            argv = ["/bin/sh", "-c", _GATE, "sh", *argv]
+        return _Launch(part, argv, cwd, env, job.spec.time_limit, program, ident, gated)
+
+    def _identity(self, job: Job) -> JobIdentity | None:
+        """The user ``job`` runs as (None: the agent's); StartError if it has none."""
+        if self.users is None:
+            return None
+        try:
+            return self.users.for_team(job.team)
+        except (ConfigError, OSError) as e:
+            raise StartError(f"no user for team {job.team!r} on this node: {e}") from None
 
     def _start_failed(self, part: RunningPart, message: str) -> None:
         part.start_error, part.exit_code, part.reason = message, 127, "StartFailed"
@@ -341,6 +408,8 @@ class Supervisor:
         return False
 
     def _timeout(self) -> float | None:
+        """How long select() may wait: until the next timer, flush or poll, at most
+        :data:`_MAX_WAIT_S` (never a timeout epoll cannot take; a NaN never spins)."""
         if self._cmds:
             return 0
         when = [self._timers[0][0]] if self._timers else []
@@ -348,7 +417,10 @@ class Supervisor:
             when.append(next(iter(self._dirty.values())) + self.flush_s)
         if self._polled:
             when.append(time.monotonic() + _POLL_S)
-        return max(0.0, min(when) - time.monotonic()) if when else None
+        if not when:
+            return None
+        wait = min(when) - time.monotonic()
+        return min(max(0.0, wait), _MAX_WAIT_S) if not math.isnan(wait) else _MAX_WAIT_S
 
     def _do_spawn(self, launches: list[_Launch]) -> None:
         """Fork the launches' processes, several at once (each fork waits until its child has
@@ -384,20 +456,56 @@ class Supervisor:
         part = launch.part
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        gate_r, gate_w = os.pipe2(os.O_CLOEXEC) if launch.gated else (self._devnull, -1)
+        ident = launch.ident
+        # As the job's user from the fork on: the child switches uid, gid and groups before
+        # it executes anything, so nothing of the spec (its env: LD_PRELOAD, PATH...) ever
+        # reaches a privileged process
+        who: dict[str, Any] = {} if ident is None else {
+            "user": ident.uid, "group": ident.gid, "extra_groups": list(ident.groups)}
         try:  # v1: this thread enters the part's cgroups while it forks (JobBox.entering)
             with part._box.entering() if part._box is not None else contextlib.nullcontext():
                 proc = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env,
-                                        stdin=self._devnull, stdout=out_w, stderr=err_w,
-                                        start_new_session=True)
+                                        stdin=gate_r, stdout=out_w, stderr=err_w,
+                                        start_new_session=True, **who)
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
+            if launch.gated:
+                os.close(gate_w)
             raise
         finally:
             os.close(out_w)
             os.close(err_w)
+            if launch.gated:
+                os.close(gate_r)
+        if launch.gated:
+            try:
+                self._open_gate(part, proc, gate_w)
+            except OSError:
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                raise
         part.started_at = self.clock()
         return proc, out_r, err_r
+
+    @staticmethod
+    def _open_gate(part: RunningPart, proc: subprocess.Popen[bytes], gate_w: int) -> None:
+        """Move a gated part's process into its cgroup, then let it go on to the job; if it
+        cannot be moved, it is killed (it never runs outside its cgroup) and OSError says
+        why."""
+        try:
+            assert part._box is not None
+            for d in part._box.dirs:
+                cgroupfs.write(os.path.join(d, "cgroup.procs"), str(proc.pid))
+            os.write(gate_w, b"go\n")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            os.close(gate_w)
 
     def _watch(self, launch: _Launch, proc: subprocess.Popen[bytes], out_r: int, err_r: int
                ) -> RunningPart:
@@ -415,15 +523,21 @@ class Supervisor:
             os.set_blocking(fd, False)
             part._pipes[fd] = (stream, LineSplitter())
             self._sel.register(fd, selectors.EVENT_READ, ("read", part))
-        if launch.time_limit:
-            self._timer(time.monotonic() + launch.time_limit, "limit", part)
+        limit, why = time_limit_for(launch.time_limit, self.max_time_limit_s)
+        if limit is not None:
+            self._timer(time.monotonic() + limit, "limit", part)
         with self._lock:
             self._parts[part.key] = part
         if part.note:  # first in its log
             self._add_lines(part, "err", ["spillway: " + part.note])
+        if why:
+            log.warning("job %s attempt %d: %s", part.job_id, part.attempt, why)
+            self._add_lines(part, "err", ["spillway: " + why])
         return part
 
     def _timer(self, when: float, kind: str, part: RunningPart) -> None:
+        if math.isnan(when):  # (a NaN would break the heap's earliest-first order)
+            when = math.inf
         heapq.heappush(self._timers, (when, next(self._seq), kind, part))
 
     def _do_stop(self, job_id: str, attempt: int, grace_s: float, reason: str) -> None:
@@ -439,6 +553,8 @@ class Supervisor:
             return
         if part._stop_reason is None:
             part._stop_reason = reason
+        if not grace_s >= 0:  # NaN or negative: no grace
+            grace_s = 0.0
         kill_at = time.monotonic() + grace_s
         if grace_s <= 0:
             self._killpg(part, signal.SIGKILL)

@@ -202,6 +202,10 @@ def worker(
                                          "set by the machine's boot script.")] = "",
     loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
                         ] = "INFO",
+    redis_url_file: Annotated[Path | None, Opt(
+        "--redis-url-file", envvar="SPILLWAY_REDIS_URL_FILE", dir_okay=False,
+        help="A file (mode 0600) holding the agent's Redis URL, so that no password sits in "
+             "its environment or command line.", show_default=False)] = None,
 ) -> None:
     """Run the worker agent on this GPU host: registers the node, heartbeats, runs jobs."""
     import logging
@@ -212,8 +216,12 @@ def worker(
         from workers.agent import run_agent
     except ImportError as e:  # pragma: no cover (the agent ships with the package)
         raise fail(f"the worker agent cannot be imported ({e}); reinstall spillway") from None
+    from broker.client import url_from_file
+
     s = settings(ctx)
-    code = run_agent(s.url(), s.config, node_id=node_id, gpus=gpus,
+    url = url_from_file(str(redis_url_file), "--redis-url-file") if redis_url_file \
+        else s.url()  # (a ConfigError: one line, exit 1)
+    code = run_agent(url, s.config, node_id=node_id, gpus=gpus,
                      inventory=str(inventory) if inventory else None, cpus=cpus,
                      memory_gb=memory, labels=parse_pairs(label, "label") or None, site=site,
                      work_dir=str(work_dir) if work_dir else None, instance_id=instance_id)

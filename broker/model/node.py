@@ -70,6 +70,31 @@ class Gpu:
     mig_profile: str | None = None
     parent: str | None = None  # the physical GPU's UUID for a MIG instance
     mig_enabled: bool = False  # a whole GPU that is split into MIG instances
+    # the minor of its /dev/nvidiaN (a MIG instance: its parent's); None: unknown, taken to be
+    # ``index`` (a static inventory's default)
+    minor: int | None = None
+    caps: tuple[int, ...] = ()  # a MIG instance: the minors of its /dev/nvidia-caps devices
+
+    @property
+    def device_minor(self) -> int:
+        """The minor of the ``/dev/nvidiaN`` this device's jobs open."""
+        return self.index if self.minor is None else self.minor
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields; ``minor`` and ``caps`` only where set, so records stay as they were."""
+        out = dict(vars(self))
+        if self.minor is None:
+            del out["minor"]
+        if not self.caps:
+            del out["caps"]
+        else:
+            out["caps"] = list(self.caps)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Gpu:
+        """A record's GPU; one written before ``minor`` and ``caps`` existed loads too."""
+        return cls(**{**d, "caps": tuple(d.get("caps", ()))})
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,7 @@ class Node:
     instance_id: str = ""  # the cloud machine it runs on (its provider id); "" on-prem
     drained_by: str = ""  # who drained it ("" when no one did, or an agent drains itself):
     # an operator's drain outlives the agent's heartbeats, restarts and a DOWN spell
+    isolation: str = ""  # what keeps its jobs apart, as its agent says (workers/users.py)
     history: tuple[StateChange[NodeState], ...] = ()  # the moves made through moved()
 
     def moved(self, to: NodeState, now: float, reason: str, **changes: Any) -> Node:
@@ -99,7 +125,7 @@ class Node:
     def to_dict(self) -> dict[str, Any]:
         out = {
             "id": self.id,
-            "gpus": [vars(g) for g in self.gpus],
+            "gpus": [g.to_dict() for g in self.gpus],
             "site": self.site,
             "hostname": self.hostname,
             "cpus": self.cpus,
@@ -113,6 +139,8 @@ class Node:
             out["instance_id"] = self.instance_id
         if self.drained_by:  # (absent when empty, as history)
             out["drained_by"] = self.drained_by
+        if self.isolation:
+            out["isolation"] = self.isolation
         if self.history:  # absent when empty: records written before it existed stay the same
             out["history"] = [[h.state.value, h.time, h.reason] for h in self.history]
         return out
@@ -121,7 +149,7 @@ class Node:
     def from_dict(cls, d: Mapping[str, Any]) -> Node:
         return cls(
             id=d["id"],
-            gpus=tuple(Gpu(**g) for g in d["gpus"]),
+            gpus=tuple(Gpu.from_dict(g) for g in d["gpus"]),
             site=d.get("site", "onprem"),
             hostname=d.get("hostname", ""),
             cpus=d.get("cpus", 0.0),
@@ -132,6 +160,7 @@ class Node:
             incarnation=d.get("incarnation", ""),
             instance_id=d.get("instance_id", ""),
             drained_by=d.get("drained_by", ""),
+            isolation=d.get("isolation", ""),
             history=tuple(StateChange(NodeState(s), t, r) for s, t, r in d.get("history", ())),
         )
 

@@ -27,7 +27,7 @@ MASK = "***"
 _SECRET_NAME = re.compile(r"(^|_)(PASSWORD|PASSWD|PASS|SECRET|TOKEN|CREDENTIALS?|PRIVATE_KEY|"
                           r"API_KEY|ACCESS_KEY|BASIC_AUTH|SESSION_KEY)(_|$)")
 #: Variables that are a Redis URL (their password is the secret; the job needs none of them).
-_URL_VARS = ("SPILLWAY_REDIS_URL", "REDIS_URL", "CELERY_BROKER_URL")
+_URL_VARS = ("SPILLWAY_REDIS_URL", "REDIS_URL", "CELERY_BROKER_URL", "SPILLWAY_REDIS_URL_FILE")
 #: user:password@ inside any URL, e.g. redis://agent-n1:s3cret@host:6379/0.
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s/]+)@")
 _MIN_SECRET = 8  # shorter values are not scrubbed from texts (they would mangle them: "true")

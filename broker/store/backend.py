@@ -78,6 +78,17 @@ class Backend(Leadership, ABC):
         """Atomically mark a node DOWN and drop its GPU allocations, only if it is still the
         same incarnation and its lease ended by ``now``; False otherwise."""
 
+    def _ack_node(self, node_id: str, incarnation: str) -> bool:
+        """Take the agent incarnation ``incarnation`` of a node: it may hold jobs from now on
+        and is in the node list. False if its record is of another incarnation. (A backend
+        without agents of its own takes every node as it is written: True.)"""
+        return True
+
+    def _node_acked(self, node_id: str) -> tuple[str, str] | None:
+        """(the incarnation in the node's record, the one taken), None for no record."""
+        node = next((n for n in self._load_nodes() if n.id == node_id), None)
+        return None if node is None else (node.incarnation, node.incarnation)
+
     @abstractmethod
     def _forget_node(self, node_id: str, incarnation: str) -> bool:
         """Delete a node that is DOWN in this incarnation (its record, its allocations, its
@@ -123,8 +134,9 @@ class Backend(Leadership, ABC):
 
     @abstractmethod
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
-                    now: float) -> None:
-        """Append (stream, text) lines to an attempt's log; refused (StaleAttempt) if stale."""
+                    now: float, node_id: str = "") -> None:
+        """Append (stream, text) lines to node ``node_id``'s log of an attempt ("": the node
+        of its first part); refused (StaleAttempt) if the attempt does not run there."""
 
     @abstractmethod
     def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,

@@ -443,6 +443,18 @@ class BaseStore(Backend):
 
     # -- nodes (broker/store/nodes.py) ---------------------------------------------------------
 
+    def adopt_node(self, node_id: str, incarnation: str, now: float) -> list[Job]:
+        """Take a node's new agent incarnation, requeueing what earlier ones held
+        (broker/store/nodes.py :func:`adopt`)."""
+        return _nodes.adopt(self, node_id, incarnation, now)
+
+    def take_node_reports(self, limit: int = 1000) -> list[tuple[str, list[tuple[str, Any]]]]:
+        """Agents' waiting reports by node (a backend whose agents write no stream: none)."""
+        return []
+
+    def done_node_reports(self, node_id: str, entry_ids: Sequence[str]) -> None:
+        """Forget reports once applied."""
+
     def heartbeat(self, node: Node, ttl: float, now: float) -> list[Job]:
         """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
         jobs the old one held: their processes died with it. Returns the jobs requeued."""

@@ -260,10 +260,11 @@ class MemoryStore(BaseStore):
             return [self._reasons.get(i) for i in job_ids]
 
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
-                    now: float) -> None:
+                    now: float, node_id: str = "") -> None:
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is None or job.attempt != attempt or job.state not in ACTIVE:
+            if job is None or job.attempt != attempt or job.state not in ACTIVE or (
+                    node_id and node_id not in job.node_ids):
                 raise StaleAttempt(job_id, attempt, job.attempt if job else 0,
                                    job.state.value if job else "MISSING")
             log = self._logs.setdefault((job_id, attempt), [])

@@ -34,6 +34,21 @@ def heartbeat(store: BaseStore, node: Node, ttl: float, now: float) -> list[Job]
         node = replace(node, state=NodeState.DRAINING)  # (a drain recorded before
         # drained_by existed: it sticks while this agent lives)
     store._put_node(node, now + ttl)
+    store._ack_node(node.id, node.incarnation)  # (written by the store itself: taken at once)
+    return lost
+
+
+def adopt(store: BaseStore, node_id: str, incarnation: str, now: float) -> list[Job]:
+    """Take a node's new agent incarnation (its Registered report, broker/store/
+    node_reports.py): the jobs its earlier incarnations held are requeued (their processes
+    died with them; no job was placed on the new one yet: a node takes jobs only once taken),
+    then the node may hold jobs and joins the node list. Returns the jobs requeued; nothing
+    when the record is already of a later incarnation, or this one was taken."""
+    cur = store._node_acked(node_id)
+    if cur is None or cur[0] != incarnation or cur[1] == incarnation:
+        return []
+    lost = _lose_jobs_on(store, node_id, now, "Agent restarted")
+    store._ack_node(node_id, incarnation)
     return lost
 
 def set_node_state(store: BaseStore, node_id: str, state: NodeState, by: str = "operator") -> Node:

@@ -6,18 +6,27 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     jobs:all              ZSET   every job id, scored by submitted_at
     jobs:pending          ZSET   ids of PENDING jobs
     jobs:active           ZSET   ids of STARTING, RUNNING and STOPPING jobs
-    node:{id}             HASH   doc (Node JSON), state, incarnation, lease_expires
+    node:{id}             HASH   doc (Node JSON), state, incarnation, lease_expires (its
+                                 agent's), acked (the incarnation the scheduler took: a node
+                                 takes jobs only while it is the current one)
     nodes                 ZSET   every node id, scored by first registration (nodes:seq)
+    nodes:hello           STREAM n (node id): agents that registered, for the scheduler
     alloc:{node}          HASH   GPU id -> owner ("job:attempt")
+    run:{node}            HASH   the node's view, what its agent reads of jobs: {job} -> doc,
+                                 a:{job} -> attempt, s:{job} -> sealed spec, for the jobs
+                                 that run there (written with each job write)
+    reports:{node}        STREAM the agent's reports (started, exited, preempted, registered),
+                                 applied by the leading scheduler (store/node_reports.py)
     reasons               HASH   job id -> JSON [code, message]
-    logs:{job}:{attempt}  STREAM t (time), s ("out" or "err"), x (text)
+    logs:{job}:{attempt}@{node}  STREAM t (time), s ("out" or "err"), x (text): one per node
+                                 of the attempt, written by that node's agent
     usage                 HASH   team -> JSON [decayed GPU-seconds, as of time]
     runtimes              STREAM s (JSON [team, name, GPUs, limit, runtime]) of finished jobs
     reservation           STRING JSON of the reservation the last cycle made (EASY backfill)
     archive               HASH   job id -> zlib-compressed Job JSON of jobs finished more
                                  than retain_finished_s ago (out of every other key)
-    spec:{id}             STRING the job's spec as submitted, written once (SET NX): agents,
-                                 who write job records, may only read it (security/seal.py)
+    spec:{id}             STRING the job's spec as submitted, written once (SET NX); copied
+                                 into the views of the nodes that run it (security/seal.py)
     order                 STRING the last cycle's queue: "<time> <count>\n" then the first
                                  ORDER_CAP job ids, space-separated (rewritten each cycle)
     inst:{request id}     HASH   doc (Instance JSON), version: one rented machine (kept after it
@@ -47,10 +56,21 @@ from broker.model import Instance, Job, Node
 from broker.security import seal
 from broker.state import ACTIVE, JobState
 from broker.store.budgets import budget_book
-from broker.store.redis_records import RedisRecords, _str
+from broker.store.redis_records import NODE_FIELDS, RedisRecords, _str
 from broker.store.transitions import Change
 
 _CHUNK = 1000  # commands per pipeline
+
+
+def _view_nodes(c: Change) -> tuple[set[str], list[str]]:
+    """The nodes whose view (``run:{node}``, what their agents read) a change touches: those
+    where the job runs after it (``here``), and those it may have run on before (its last
+    attempts, the GPUs it claims or releases), sorted."""
+    job = c.job
+    here = {a.node_id for a in job.allocations} if job.state in ACTIVE else set()
+    before = {a.node_id for att in job.attempts[-2:] for a in att.allocations}
+    touched = here | before | {n for n, _ in c.claim} | {n for n, _ in c.release}
+    return here, sorted(touched)
 
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
@@ -194,7 +214,7 @@ class RedisStore(RedisRecords):
         node_ids = [_str(m) for m in members]
         pipe = self.redis.pipeline(transaction=False)
         for node_id in node_ids:
-            pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+            pipe.hmget(self._k_node(node_id), NODE_FIELDS)
         for node_id in node_ids:
             pipe.hgetall(self._k_alloc(node_id))
         stale = known["pending"][1] + known["active"][1]
@@ -329,6 +349,9 @@ class RedisStore(RedisRecords):
         for node_id, _ in c.claim:
             keys += [self._k_node(node_id), self._k_alloc(node_id)]
         keys += [self._k_alloc(node_id) for node_id, _ in c.release]
+        here, views = _view_nodes(c)
+        keys.append(seal.seal_key(self.prefix, job.id))
+        keys += [self._k_view(n) for n in views]
         keys += [self._k_ver_pending, self._k_ver_active, self._k_reasons, self._k_leader]
         args: list[Any] = [
             c.expected_version, job.version, json.dumps(job.to_dict(), separators=(",", ":")),
@@ -338,6 +361,8 @@ class RedisStore(RedisRecords):
         ]
         args += [gpu for _, gpu in c.claim]
         args += [gpu for _, gpu in c.release]
+        args.append(len(views))
+        args += [int(n in here) for n in views]
         args.append(c.expected_doc)
         args.append(self.fence_token() or "")
         return keys, args

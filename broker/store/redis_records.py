@@ -24,6 +24,7 @@ from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
 from broker.store.base import BaseStore
 from broker.store.instances import Block
 from broker.store.lua import (
+    ACK_NODE,
     ACQUIRE,
     ADD_USAGE,
     APPEND_LOGS,
@@ -39,6 +40,11 @@ from broker.store.lua import (
 LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
 LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
 RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
+
+
+#: The fields of a node's hash a snapshot reads (``acked``: the agent incarnation the scheduler
+#: took; a node whose current incarnation it has not taken shows as DOWN).
+NODE_FIELDS = ["doc", "state", "incarnation", "lease_expires", "acked"]
 
 
 def _str(value: Any) -> str:
@@ -75,6 +81,7 @@ class RedisRecords(BaseStore):
         self._release_script = self.redis.register_script(RELEASE)
         self._instance_script = self.redis.register_script(INSTANCE_CAS)
         self._forget_script = self.redis.register_script(FORGET_NODE)
+        self._ack_script = self.redis.register_script(ACK_NODE)
         self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
         self._k_blocks = f"{p}blocks"
 
@@ -89,8 +96,19 @@ class RedisRecords(BaseStore):
     def _k_alloc(self, node_id: str) -> str:
         return f"{self.prefix}alloc:{node_id}"
 
-    def _k_logs(self, job_id: str, attempt: int) -> str:
-        return f"{self.prefix}logs:{job_id}:{attempt}"
+    def _k_logs(self, job_id: str, attempt: int, node_id: str) -> str:
+        """A node's log stream of one attempt (each node of a gang writes its own)."""
+        return f"{self.prefix}logs:{job_id}:{attempt}@{node_id}"
+
+    def _k_view(self, node_id: str) -> str:
+        return f"{self.prefix}run:{node_id}"
+
+    def _k_reports(self, node_id: str) -> str:
+        return f"{self.prefix}reports:{node_id}"
+
+    @property
+    def _k_hello(self) -> str:
+        return f"{self.prefix}nodes:hello"
 
     def _run_scripts(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
         """Run Lua scripts (script, keys, args) in one pipelined round trip, by their SHA.
@@ -136,14 +154,16 @@ class RedisRecords(BaseStore):
         ids = self._node_ids()
         pipe = self.redis.pipeline(transaction=False)
         for node_id in ids:
-            pipe.hmget(self._k_node(node_id), ["doc", "state", "incarnation", "lease_expires"])
+            pipe.hmget(self._k_node(node_id), NODE_FIELDS)
         return self._nodes_from(ids, pipe.execute())
 
     def _nodes_from(self, ids: Sequence[str], rows: Sequence[Any]) -> list[Node]:
         out = []
-        for node_id, (doc, state, incarnation, lease) in zip(ids, rows):
+        for node_id, (doc, state, incarnation, lease, acked) in zip(ids, rows):
             if doc is None:
                 continue
+            if acked != incarnation:  # a new agent the scheduler has not taken yet: no jobs
+                state = NodeState.DOWN.value  # go there until it has (store/node_reports.py)
             hit = self._parsed_nodes.get(node_id)
             if hit is not None and hit[0] == doc:
                 node = hit[1]
@@ -158,8 +178,42 @@ class RedisRecords(BaseStore):
         keys = [self._k_node(node_id), self._k_alloc(node_id)]
         return bool(self._mark_down_script(keys, [expected_incarnation, repr(float(now))]))
 
+    def _node_acked(self, node_id: str) -> tuple[str, str] | None:
+        inc, acked = self.redis.hmget(self._k_node(node_id), ["incarnation", "acked"])
+        return None if inc is None else (_str(inc), _str(acked) if acked is not None else "")
+
+    def take_node_reports(self, limit: int = 1000) -> list[tuple[str, list[tuple[str, Any]]]]:
+        """Each node's waiting reports, oldest first: (node id, [(entry id, fields)]), for
+        the nodes in the node list and those that said hello (registered) since the last
+        call; two round trips."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(self._k_nodes, 0, -1)
+        pipe.xrange(self._k_hello, count=limit)
+        members, hello = pipe.execute()
+        ids = list(dict.fromkeys([_str(m) for m in members] +
+                                 [_str(f.get(b"n", b"")) for _, f in hello]))
+        ids = [i for i in ids if i]
+        pipe = self.redis.pipeline(transaction=False)
+        for node_id in ids:
+            pipe.xrange(self._k_reports(node_id), count=limit)
+        if hello:
+            pipe.xdel(self._k_hello, *[e for e, _ in hello])
+        replies = pipe.execute()
+        return [(node_id, [(_str(e), f) for e, f in entries])
+                for node_id, entries in zip(ids, replies) if entries]
+
+    def done_node_reports(self, node_id: str, entry_ids: Sequence[str]) -> None:
+        """Delete reports once applied."""
+        if entry_ids:
+            self.redis.xdel(self._k_reports(node_id), *entry_ids)
+
+    def _ack_node(self, node_id: str, incarnation: str) -> bool:
+        return bool(self._ack_script([self._k_node(node_id), self._k_nodes, self._k_node_seq],
+                                     [node_id, incarnation]))
+
     def _forget_node(self, node_id: str, incarnation: str) -> bool:
-        keys = [self._k_node(node_id), self._k_nodes, self._k_alloc(node_id)]
+        keys = [self._k_node(node_id), self._k_nodes, self._k_alloc(node_id),
+                self._k_view(node_id), self._k_reports(node_id)]
         gone = bool(self._forget_script(keys, [node_id, incarnation]))
         if gone:
             self._parsed_nodes.pop(node_id, None)
@@ -358,34 +412,86 @@ class RedisRecords(BaseStore):
     # -- logs ----------------------------------------------------------------------------------
 
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
-                    now: float) -> None:
-        args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S]
-        for stream, text in lines:
-            args += [stream, text]
-        res = self._append_script([self._k_job(job_id), self._k_logs(job_id, attempt)], args)
-        if int(res[0]) != 1:
-            raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))
+                    now: float, node_id: str = "") -> None:
+        if not node_id:  # (a caller that is no agent: the node of the job's first part)
+            job = self._load([job_id])[0]
+            node_id = job.allocations[0].node_id if job is not None and job.allocations \
+                else ""
+        append_logs(self._append_script, self.prefix, node_id, job_id, attempt, lines, now)
 
     def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
                   block_s: float = 0.0) -> list[LogLine]:
+        """The attempt's lines after ``cursor``, from the log stream of each node it ran on
+        (one for most jobs; a gang's are merged by time, and then the cursor holds a position
+        per node: ``<node>=<entry id>`` joined by ``,``). As in MemoryStore, "", "0" and "$"
+        all mean "from the first line"."""
         if limit <= 0:
             return []
-        # As in MemoryStore, "", "0" and "$" all mean "from the first line".
-        after = "0" if cursor in ("", "0", "$") else cursor
+        nodes = self._log_nodes(job_id, attempt)
+        if not nodes:
+            return []
+        at = _cursor_positions(cursor, nodes)
         block = max(1, int(block_s * 1000)) if block_s > 0 else None
-        reply = self.redis.xread({self._k_logs(job_id, attempt): after}, count=limit,
+        keys = {self._k_logs(job_id, attempt, n): n for n in nodes}
+        reply = self.redis.xread({k: at[n] for k, n in keys.items()}, count=limit,
                                  block=block)
         if not reply:
             return []
         if isinstance(reply, dict):  # RESP3: {key: [[entry, ...]]}
-            streams = [entries for v in reply.values() for entries in v]
+            streams = [(_str(k), entries) for k, v in reply.items() for entries in v]
         else:  # RESP2: [[key, [entry, ...]]]
-            streams = [entries for _, entries in reply]
-        out = []
-        for entries in streams:
+            streams = [(_str(k), entries) for k, entries in reply]
+        rows: list[tuple[float, str, str, str, str]] = []
+        for key, entries in streams:
             for entry in entries:
                 entry_id, fields = entry[0], entry[1]  # type: ignore[index]
                 f = {_str(k): v for k, v in fields.items()}  # type: ignore[union-attr]
-                out.append(LogLine(_str(entry_id), float(_str(f["t"])), _str(f["s"]),
-                                   _str(f["x"])))
+                rows.append((float(_str(f["t"])), keys[key], _str(entry_id), _str(f["s"]),
+                             _str(f["x"])))
+        if len(nodes) > 1:
+            rows.sort(key=lambda r: r[0])  # (stable: one node's lines keep their order)
+        out = []
+        for t, node, entry_id, stream, text in rows[:limit]:
+            at[node] = entry_id
+            pos = entry_id if len(nodes) == 1 else ",".join(f"{n}={at[n]}" for n in nodes)
+            out.append(LogLine(pos, t, stream, text))
         return out
+
+    def _log_nodes(self, job_id: str, attempt: int) -> list[str]:
+        """The nodes attempt ``attempt`` of the job ran (or runs) on, in rank order."""
+        job = self._load([job_id])[0] or self._load_archived(job_id)
+        if job is None:
+            return []
+        allocs = job.allocations if job.attempt == attempt and job.allocations else next(
+            (a.allocations for a in job.attempts if a.number == attempt), ())
+        return list(dict.fromkeys(a.node_id for a in sorted(allocs, key=lambda a: a.rank)))
+
+
+def _cursor_positions(cursor: str, nodes: Sequence[str]) -> dict[str, str]:
+    """Each node's stream position in a cursor ("", "0", "$": from the first line; an entry
+    id, for one node; ``node=id,...`` for several)."""
+    at = dict.fromkeys(nodes, "0")
+    if cursor in ("", "0", "$"):
+        return at
+    if "=" not in cursor:
+        at[nodes[0]] = cursor
+        return at
+    for item in cursor.split(","):
+        node, _, pos = item.partition("=")
+        if node in at and pos:
+            at[node] = pos
+    return at
+
+
+def append_logs(script: Any, prefix: str, node_id: str, job_id: str, attempt: int,
+                lines: Sequence[tuple[str, str]], now: float, client: Any = None) -> None:
+    """Append lines to node ``node_id``'s log stream of the attempt while the node's view
+    holds that attempt (broker/store/lua.py APPEND_LOGS: an agent's own call, with its
+    ``client``, and the store's); StaleAttempt otherwise."""
+    args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S, job_id]
+    for stream, text in lines:
+        args += [stream, text]
+    keys = [f"{prefix}run:{node_id}", f"{prefix}logs:{job_id}:{attempt}@{node_id}"]
+    res = script(keys, args, client=client)
+    if int(res[0]) != 1:
+        raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))

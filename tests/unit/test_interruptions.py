@@ -20,8 +20,9 @@ from broker.store import MemoryStore
 from broker.store.instances import block_key
 from broker.waiting import poll_until
 from tests.fake_metadata import MetadataServer
+from broker.store.node_reports import DEFAULT_COOLDOWN_S
+from workers.channel import StoreChannel
 from workers.interruptions import (
-    DEFAULT_COOLDOWN_S,
     AwsNotices,
     GcpNotices,
     MetadataError,
@@ -175,12 +176,16 @@ def test_bad_settings_name_the_variable() -> None:
 
 @dataclass
 class FakeAgent:
-    """The agent's drain, recorded (the real one runs in the integration tests)."""
+    """The agent's drain, recorded (the real one runs in the integration tests); its reports
+    go to the store at once (workers/channel.py StoreChannel, the scheduler's rules)."""
 
     store: MemoryStore
     node: Node
     config: Any = field(default_factory=Config)
     drains: list[tuple[EvictionKind, str | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.channel = StoreChannel(self.store, self.node.id)
 
     def drain(self, timeout: float | None = None, kind: EvictionKind = EvictionKind.PRIORITY,
               reason: str | None = None) -> bool:
@@ -201,10 +206,11 @@ def ready_instance(store: MemoryStore, provider_id: str, now: float) -> Instance
 
 
 def test_notice_drains_as_spot_marks_the_instance_and_cools_the_zone() -> None:
-    store, now = MemoryStore(), time.time()
+    config = Config(providers={"aws": {"cooldown_s": 600.0}})
+    store, now = MemoryStore(config), time.time()
     ready_instance(store, "i-0abc", now)
     node = Node("i-0abc", (), site=SPOT_SITE, instance_id="i-0abc")
-    config = Config(providers={"aws": {"cooldown_s": 600.0}})
+    store.heartbeat(node, 30.0, now)  # (the scheduler reads the node's instance id)
     agent = FakeAgent(store, node, config)
     notice = Notice("aws", "terminate", now + 120)
     assert act_on_notice(agent, notice, now)
