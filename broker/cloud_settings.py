@@ -39,6 +39,8 @@ class ProviderSettings:
     max_instances: int = 8  # live instances of this provider at most
     broker_url: str = ""  # the Redis URL its agents join ("": the provisioner's server, with
     # a user made for each machine when its URL has credentials: broker/security/cloud_agent)
+    registrar_wait_s: float = 10.0  # the provisioner waits this long for `spillway
+    # registrar` to make a machine's user (each of two steps); none answers: the launch fails
     install_command: str | None = None  # run first by a new machine (None: per kind)
     worker_command: str | None = None  # how a new machine runs Spillway (None: per kind)
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -69,6 +71,7 @@ _COMMON: dict[str, tuple[str, str]] = {  # key: (type, what is allowed)
     "cooldown_s": ("seconds0", "seconds >= 0"),
     "max_instances": ("whole", "a whole number >= 1"),
     "broker_url": ("url", "a redis://, rediss:// or unix:// URL agents can reach"),
+    "registrar_wait_s": ("seconds", "seconds > 0"),
     "install_command": ("text", "a shell command"),
     "worker_command": ("text", "a shell command that runs spillway"),
 }

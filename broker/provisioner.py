@@ -149,12 +149,11 @@ class Provisioner:
         offer = self.find_offer(inst.offer_id)
         if offer is None:
             raise Stop(inst.provider, f"offer {inst.offer_id} is not offered", code="no-offer")
-        try:  # the machine's own Redis user, never ours (broker/security/cloud_agent.py)
-            join = cloud_agent.prepare(self.rt, cfg.kind, cfg.broker_url, inst.request_id)
+        try:  # the machine's own Redis user, made by the registrar (never ours)
+            join = cloud_agent.prepare(self.rt, cfg.kind, cfg.broker_url, inst.request_id,
+                                       wait_s=cfg.registrar_wait_s)
         except (AclError, OSError) as e:
-            raise Stop(inst.provider, f"cannot make the machine's Redis credentials ({e}); "
-                       "give the provisioner a user with acl|setuser on Redis 7 (role "
-                       "scheduler), or set this provider's broker_url (docs/security.md)",
+            raise Stop(inst.provider, f"cannot make the machine's Redis credentials: {e}",
                        code="agent-user") from None
         user_data = render(offer, cfg.kind, join.url, inst.request_id, cfg.install,
                            cfg.worker, ca_pem=join.ca_pem)
@@ -162,12 +161,32 @@ class Provisioner:
         if not machines:
             raise Retry(inst.provider, "the launch returned no machine", code="empty")
         m = machines[0]
-        join.finish(self.rt, m.provider_id)  # its agent's node id
+        problem = join.finish(self.rt, m.provider_id)  # its agent's node id
+        if problem:  # it could never register: given back at once, not after boot_timeout_s
+            return self._give_back(inst, provider, m, problem)
         self.counts["launched"] += 1
         log.info("launched %s: %s (%s) for request %s", offer.id, m.provider_id,
                  m.native_state, inst.request_id)
         return self.rt.store.move_instance(inst.request_id, I.BOOTING, self.clock(),
                                            f"launched ({m.native_state or m.state.value})",
+                                           provider_id=m.provider_id)
+
+    def _give_back(self, inst: Instance, provider: Provider, m: CloudMachine,
+                   problem: str) -> Instance | None:
+        """A machine launched whose agent can never join: terminate it and fail its record
+        (if terminating fails, the record says BOOTING and the lifecycle reaps it)."""
+        try:
+            provider.terminate([m.provider_id])
+        except ProviderError as e:
+            log.error("launch %s: %s; terminating %s failed (%s): it is given back after "
+                      "its boot timeout", inst.request_id, problem, m.provider_id, e)
+            return self.rt.store.move_instance(inst.request_id, I.BOOTING, self.clock(),
+                                               problem, provider_id=m.provider_id)
+        self.counts["terminated"] += 1
+        log.error("launch %s: %s; machine %s given back", inst.request_id, problem,
+                  m.provider_id)
+        return self.rt.store.move_instance(inst.request_id, I.FAILED, self.clock(),
+                                           f"{problem}; the machine was given back",
                                            provider_id=m.provider_id)
 
     # -- terminate -------------------------------------------------------------------------
@@ -236,8 +255,7 @@ class Provisioner:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
         done["forgotten"] += self._forget_nodes(records, nodes, now)
-        done["agent users dropped"] += cloud_agent.drop_ended(
-            self.rt, [r.request_id for r in records if not r.ended])
+        # (the users of ended machines: the registrar deletes them, broker/security/registrar)
         acc = accrue_store(store, budget_book(store), now)  # the ledger (broker/ledger.py)
         done["settled"] += acc.settled
         done = +done  # (no zero counts)

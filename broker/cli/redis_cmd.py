@@ -24,8 +24,8 @@ Opt = typer.Option
 @redis_app.command("acl")
 def acl_command(
     ctx: typer.Context,
-    role: Annotated[str, Opt("--role", help="scheduler (and provisioner), api, or agent.")
-                    ] = "agent",
+    role: Annotated[str, Opt("--role", help="scheduler (and provisioner), api, agent, or "
+                             "registrar.")] = "agent",
     node: Annotated[str | None, Opt("--node", help="The agent's node id (role agent).",
                                     show_default=False)] = None,
     user: Annotated[str | None, Opt("--user", help="The ACL user name (default: "
@@ -46,8 +46,10 @@ def acl_command(
     """Print the ACL SETUSER line for one component's Redis user, or apply it.
 
     An agent's user may write only its own node, its Celery queue, and what its jobs'
-    reports and logs touch; nothing administrative. Without --password-file the printed rules
-    have no password: add >PASSWORD (or #SHA256) before running them.
+    reports and logs touch; nothing administrative. Only the registrar's user may grant
+    rights (ACL SETUSER, for cloud machines' users: `spillway registrar`). Without
+    --password-file the printed rules have no password: add >PASSWORD (or #SHA256) before
+    running them.
     """
     try:
         spec = acl.user_for(role, node, user, prefix)
@@ -82,3 +84,44 @@ def acl_command(
                    "again with a writable --url-file (and the same --password-file)") from None
     err.print(f"user {escape(spec.name)} set on {escape(redacted(base))}; its URL is in "
               f"{escape(str(url_file))} (0600)")
+
+
+@app.command()
+def registrar(
+    ctx: typer.Context,
+    prefix: Annotated[str, Opt("--prefix", help="The store's key prefix.")] = "sw:",
+    sweep_s: Annotated[float, Opt("--sweep-s", min=0.01, help="Delete the users of ended "
+                                  "machines this often (seconds).")] = 30.0,
+    loglevel: Annotated[str, Opt("--loglevel", "-l", help="DEBUG, INFO, WARNING or ERROR.")
+                        ] = "INFO",
+) -> None:
+    """Run the registrar: the one process that makes cloud machines' Redis users.
+
+    The provisioner (inside `spillway scheduler`) has no ACL right; it asks the registrar for
+    each machine's user, and the registrar makes exactly that user, with the agent rules of
+    that machine's node and nothing else, after checking the request against the machine's
+    instance record. Run one, with the administrator's URL or the user of
+    `spillway redis acl --role registrar` (docs/security.md, "Cloud workers").
+    """
+    import logging
+    import signal
+    import threading
+
+    from broker.security.redact import install_log_redaction, url_password
+    from broker.security.registrar import run_registrar
+
+    logging.basicConfig(level=loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    s = settings(ctx)
+    url = s.url()
+    install_log_redaction(extra=[url_password(url)])
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: object) -> None:
+        del signum, frame
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    err.print(f"spillway registrar on {escape(redacted(url))}")
+    raise typer.Exit(run_registrar(url, prefix, sweep_s, stop, s.config.redis_retry_s))

@@ -2,10 +2,17 @@
 
 Roles, and what each may touch (``sw:`` is the store's key prefix, broker/store/redis.py):
 
-* ``scheduler``: everything, as the scheduler, reconciler and provisioner need (and, for the
-  provisioner, ``ACL SETUSER`` to create each cloud machine's agent user).
+* ``scheduler``: every key and channel, as the scheduler, reconciler and provisioner need;
+  no administration and no ``ACL`` command at all (``INFO`` alone of the dangerous commands:
+  the leader reads the server's uptime). Cloud machines' users are made by the registrar.
 * ``api``: every key and channel, no administration (no ACL, CONFIG, FLUSHALL, KEYS, ...):
   the API server and operators' CLIs submit, cancel, drain and read.
+* ``registrar``: ``ACL SETUSER/DELUSER/USERS`` and nothing else administrative; it pops its
+  requests (``<prefix>registrar:requests``), pushes its replies
+  (``<prefix>registrar:reply:*``, write only) and reads the cloud instance records
+  (``<prefix>inst:*``) it checks requests against (broker/security/registrar.py). Anyone with
+  ``ACL SETUSER`` can grant themselves anything: this user is an administrator's in all but
+  name, and is held only by that one small process.
 * ``agent``: one node. It writes its own node (``sw:node:<id>``, its GPU allocations, the node
   index), consumes its own Celery queue (``node.<id>``), and writes what its reports and logs
   touch: job records, their indexes, the log streams, fair-share usage. It may push (not read)
@@ -34,7 +41,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from broker.errors import SpillwayError
 
-ROLES = ("scheduler", "api", "agent")
+ROLES = ("scheduler", "api", "agent", "registrar")
 DEFAULT_PREFIX = "sw:"
 #: Keys outside the store's prefix that Spillway itself writes (broker/commands.py).
 CYCLE_KEYS = ("sw:cycle:dirty", "sw:cycle:wake")
@@ -43,12 +50,18 @@ KOMBU_KEYS = ("_kombu.binding*", "unacked", "unacked_index", "unacked_mutex")
 #: kombu's priority queues are ``<queue>\x06\x16<priority>`` (kombu.transport.redis).
 PRIORITY_SEP = "\x06\x16"
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 #: Commands no component but an administrator runs.
 _NEVER = ("-@admin", "-@dangerous", "-function", "-script|flush", "-script|kill",
           "-swapdb", "-move", "-migrate")
+
+
+def password_sha256(password: str) -> str:
+    """What ``ACL SETUSER`` takes after ``#``: the password's SHA-256, in hex."""
+    return hashlib.sha256(password.encode()).hexdigest()
 
 
 class AclError(SpillwayError):
@@ -62,7 +75,13 @@ class AclUser:
 
     def with_password(self, password: str) -> tuple[str, ...]:
         """The rules plus the password, as its SHA-256 (never the clear text)."""
-        return (*self.rules, f"#{hashlib.sha256(password.encode()).hexdigest()}")
+        return self.with_hash(password_sha256(password))
+
+    def with_hash(self, sha256: str) -> tuple[str, ...]:
+        """The rules plus a password given as its SHA-256 (64 hex digits)."""
+        if not _SHA256.fullmatch(sha256):
+            raise AclError("a password's SHA-256 is 64 lower-case hex digits")
+        return (*self.rules, f"#{sha256}")
 
     def command(self, password: str | None = None) -> str:
         """``ACL SETUSER ...`` as one redis-cli line (the password as its hash)."""
@@ -103,13 +122,13 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
         raise AclError(f"user {name!r}: not allowed; use 1-128 letters, digits, '.', '_', ':' "
                        "or '-'")
     base = ("reset", "on", "resetchannels")
-    if role == "scheduler":
-        return AclUser(name, (*base, "~*", "&*", "+@all", "-@admin", "+acl|setuser",
-                              "+acl|deluser", "+acl|getuser", "+acl|users", "+acl|whoami",
-                              "+acl|log", "-shutdown",
-                              "-debug", "-flushall", "-flushdb"))
+    if role == "scheduler":  # (INFO: the leader judges node leases from the server's uptime)
+        return AclUser(name, (*base, "~*", "&*", "+@all", *_NEVER, "-acl", "+info"))
     if role == "api":
         return AclUser(name, (*base, "~*", "&*", "+@all", *_NEVER))
+    if role == "registrar":
+        return AclUser(name, (*base, *registrar_keys(prefix), "-@all", "+@connection",
+                              "-@admin", "-@dangerous", *REGISTRAR_COMMANDS))
     return AclUser(name, (*base, *agent_keys(node_id or "", prefix),
                           "&*", "-@all", "+@read", "+@write", "+@scripting", "+@transaction",
                           "+@connection", "+@pubsub", "+@keyspace", "+@fast", *_NEVER,
@@ -132,6 +151,28 @@ def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     return [*rules, "%W~node.*", f"%R~{p}node:*", f"%R~{p}spec:*", f"%R~{p}archive"]
 
 
+def registrar_keys(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The registrar's keys: its request list (popped: read and write), its replies (pushed:
+    write only) and the cloud instance records it checks requests against (read only)."""
+    return [f"~{prefix}registrar:requests", f"%W~{prefix}registrar:reply:*",
+            f"%R~{prefix}inst:*"]
+
+
+#: What the registrar runs besides its connection's commands (broker/security/registrar.py).
+REGISTRAR_COMMANDS = ("+blpop", "+rpush", "+expire", "+hget", "+acl|setuser", "+acl|deluser",
+                      "+acl|users")
+
+
+def waiting_user(name: str) -> AclUser:
+    """A cloud machine's user before its machine has an id: it may connect and ``PING``,
+    nothing more (no key, no channel), so a fast-booting agent gets in and retries."""
+    if not _USER.match(name):
+        raise AclError(f"user {name!r}: not allowed; use 1-128 letters, digits, '.', '_', ':' "
+                       "or '-'")
+    return AclUser(name, ("reset", "on", "resetchannels", "-@all", "+@connection", "-@admin",
+                          "-@dangerous"))
+
+
 # -- applying ---------------------------------------------------------------------------------
 
 
@@ -142,10 +183,15 @@ def new_password() -> str:
 
 def setuser(client: Any, user: AclUser, password: str) -> None:
     """Create or replace ``user`` on the server ``client`` talks to."""
+    setuser_hashed(client, user, password_sha256(password))
+
+
+def setuser_hashed(client: Any, user: AclUser, sha256: str) -> None:
+    """:func:`setuser` with the password given as its SHA-256 only."""
     import redis
 
     try:
-        client.execute_command("ACL", "SETUSER", user.name, *user.with_password(password))
+        client.execute_command("ACL", "SETUSER", user.name, *user.with_hash(sha256))
     except redis.ResponseError as e:
         raise AclError(f"Redis refused ACL SETUSER {user.name}: {e} (the connecting user "
                        "needs the acl|setuser permission, and Redis 7 or later)") from None

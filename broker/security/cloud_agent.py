@@ -2,15 +2,18 @@
 provisioner's (docs/security.md, "Cloud workers").
 
 When the provisioner's URL carries credentials and its provider has no ``broker_url`` of its
-own, each launch gets a user ``spillway-cloud-<request id>`` with a new password:
+own, each launch gets a user ``spillway-cloud-<request id>`` with a new password. The
+provisioner has no ACL right: it asks the registrar (``spillway registrar``,
+broker/security/registrar.py), sending only the password's SHA-256, and waits at most the
+provider's ``registrar_wait_s`` for each answer:
 
-1. :func:`prepare`, before the launch: the user exists with a password and no key at all
-   (it may PING), so an agent that boots quickly gets in and waits; the boot script carries
-   that URL and the broker's CA certificate (read from the URL's ``ssl_ca_certs``).
-2. :func:`AgentJoin.finish`, once the launch returned the machine's provider id (its agent's
-   node id): the user gets the agent rules of that node (broker/security/acl.py).
-3. :func:`drop_ended`, in each lifecycle pass: the users of machines that ended are deleted,
-   so a machine given back (or its disk) holds no working credentials.
+1. :func:`prepare`, before the launch: the user exists with no key at all (it may PING), so an
+   agent that boots quickly gets in and waits; the boot script carries that URL and the
+   broker's CA certificate (read from the URL's ``ssl_ca_certs``). No answer, or a refusal, is
+   a :class:`~broker.security.registrar.RegistrarError` and nothing is launched.
+2. :meth:`AgentJoin.finish`, once the launch returned the machine's provider id (its agent's
+   node id): the user gets the agent rules of that node.
+3. The registrar deletes the users of machines whose record has ended, on its own.
 
 A ``local`` provider's machines are processes of the provisioner's own host and user: they
 join with its URL. A provider with ``broker_url`` set joins with that (ops made its user).
@@ -19,17 +22,16 @@ join with its URL. A provider with ``broker_url`` set joins with that (ops made 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from broker.security import acl
+from broker.security import acl, registrar
 
 log = logging.getLogger(__name__)
 
-USER_PREFIX = "spillway-cloud-"
+USER_PREFIX = registrar.USER_PREFIX
 #: URL options naming files of the provisioner's machine (meaningless on another one).
 _LOCAL_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
@@ -39,21 +41,26 @@ class AgentJoin:
     url: str  # what the machine's boot script exports as SPILLWAY_REDIS_URL
     ca_pem: str  # the broker's CA certificate for the machine ("" for none)
     user: str = ""  # the ACL user made for this machine ("": none was made)
-    password: str = ""
+    request_id: str = ""  # the machine's launch request id
+    password_sha256: str = ""  # the user's password, as the registrar takes it
     prefix: str = acl.DEFAULT_PREFIX
+    wait_s: float = registrar.WAIT_S
 
-    def finish(self, rt: Any, node_id: str) -> None:
-        """Grant the machine's user the agent rules of ``node_id`` (its provider id). A
-        failure is logged: the machine then never registers, and the lifecycle gives it back
-        after its boot timeout."""
+    def finish(self, rt: Any, node_id: str) -> str:
+        """Have the registrar grant the machine's user the agent rules of ``node_id`` (its
+        provider id). Returns "" when done (or nothing was to be done), else why not, also
+        logged: the machine then cannot register."""
         if not self.user:
-            return
+            return ""
         try:
-            acl.setuser(rt.redis, acl.user_for("agent", node_id, self.user, self.prefix),
-                        self.password)
-        except Exception as e:
+            registrar.ask(rt.redis, registrar.Request(
+                "agent", self.request_id, self.user, self.password_sha256, node_id),
+                self.wait_s, self.prefix)
+        except registrar.RegistrarError as e:
             log.error("machine %s: its Redis user %s got no agent rules (%s); it cannot "
                       "register", node_id, self.user, e)
+            return f"its Redis user got no agent rules: {e}"
+        return ""
 
 
 def has_credentials(url: str) -> bool:
@@ -77,9 +84,11 @@ def portable(url: str) -> tuple[str, str]:
 
 
 def prepare(rt: Any, kind: str, broker_url: str, request_id: str,
-            prefix: str = acl.DEFAULT_PREFIX) -> AgentJoin:
+            prefix: str = acl.DEFAULT_PREFIX, wait_s: float = registrar.WAIT_S) -> AgentJoin:
     """The URL and CA a new machine of provider ``kind`` joins with (module docstring);
-    ``rt``: the provisioner's runtime (its ``redis_url``, and ``redis`` to make users)."""
+    ``rt``: the provisioner's runtime (its ``redis_url``, and ``redis`` to reach the
+    registrar). RegistrarError if the registrar does not make the machine's user within
+    ``wait_s`` seconds."""
     redis_url = rt.redis_url
     if kind == "local":
         return AgentJoin(broker_url or redis_url, "")
@@ -87,27 +96,10 @@ def prepare(rt: Any, kind: str, broker_url: str, request_id: str,
         url, ca_pem = portable(broker_url or redis_url)
         return AgentJoin(url, ca_pem)
     url, ca_pem = portable(redis_url)
-    name = f"{USER_PREFIX}{request_id}"
+    name = registrar.user_name(request_id)
     password = acl.new_password()
-    waiting = acl.AclUser(name, ("reset", "on", "resetchannels", "-@all", "+@connection",
-                                 "-@admin", "-@dangerous"))
-    acl.setuser(rt.redis, waiting, password)
-    return AgentJoin(acl.url_for(url, name, password), ca_pem, name, password, prefix)
-
-
-def drop_ended(rt: Any, live_request_ids: Iterable[str]) -> int:
-    """Delete the users of machines whose request is not live (``rt``: the provisioner's
-    runtime, whose ``redis`` made them); returns how many. Nothing to do, and no round trip,
-    where the provisioner's URL has no credentials (it made no user)."""
-    if not has_credentials(rt.redis_url):
-        return 0
-    live = {f"{USER_PREFIX}{r}" for r in live_request_ids}
-    client = rt.redis
-    try:
-        users = [u.decode() if isinstance(u, bytes) else str(u)
-                 for u in client.execute_command("ACL", "USERS")]
-    except Exception as e:  # (no ACL rights: nothing was minted either)
-        log.debug("cannot list ACL users (%s)", e)
-        return 0
-    gone = [u for u in users if u.startswith(USER_PREFIX) and u not in live]
-    return sum(acl.deluser(client, u) for u in gone)
+    sha256 = acl.password_sha256(password)
+    registrar.ask(rt.redis, registrar.Request("wait", request_id, name, sha256), wait_s,
+                  prefix)
+    return AgentJoin(acl.url_for(url, name, password), ca_pem, name, request_id, sha256, prefix,
+                     wait_s)

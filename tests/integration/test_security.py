@@ -6,6 +6,7 @@ the processes' environments reaches a log file, the CLI's output or the job's en
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -118,6 +119,42 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@contextlib.contextmanager
+def registrar_running(server: Server, tmp: Path, sweep_s: float = 0.2
+                      ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``spillway registrar`` as a process of its own, on the user of ``spillway redis acl
+    --role registrar`` (made with the administrator's URL); the process and its log file."""
+    admin_url = f"redis://:{server.admin_password}@127.0.0.1:{server.plain_port}/0"
+    url_file = tmp / "registrar.url"
+    made = cli(admin_url, tmp, "redis", "acl", "--role", "registrar", "--apply", "--url-file",
+               str(url_file))
+    assert made.returncode == 0, made.stdout + made.stderr
+    log = tmp / "registrar.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "registrar", "--sweep-s", str(sweep_s)],
+            env=env_with(url_file.read_text().strip(), tmp), stdout=out,
+            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        wait_until(lambda: "registrar on" in log.read_text() or proc.poll() is not None, 30,
+                   "the registrar to start")
+        assert proc.poll() is None, log.read_text()
+        yield proc, log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+Registrar = tuple[subprocess.Popen[bytes], Path]
+
+
+@pytest.fixture
+def registrar_proc(server: Server, tmp_path: Path) -> Iterator[Registrar]:
+    """``spillway registrar`` running (the provisioner's user may not grant rights)."""
+    with registrar_running(server, tmp_path) as running:
+        yield running
 
 
 def env_with(url: str, tmp: Path) -> dict[str, str]:
@@ -324,7 +361,7 @@ def test_a_wrong_password_is_one_clear_line_not_a_retry_loop(server: Server,
 
 def test_the_printed_rules_are_the_applied_ones_and_carry_no_password(
         server: Server, tmp_path: Path) -> None:
-    url, _ = server.user("scheduler", tls=False)
+    url = f"redis://:{server.admin_password}@127.0.0.1:{server.plain_port}/0"  # (ACL SETUSER)
     pw_file = tmp_path / "agent.password"
     printed = cli(url, tmp_path, "redis", "acl", "--node", "n7", "--password-file",
                   str(pw_file))
@@ -351,16 +388,20 @@ def test_the_printed_rules_are_the_applied_ones_and_carry_no_password(
 
 
 def test_a_cloud_machine_joins_with_its_own_user_and_the_ca_never_the_provisioners(
-        server: Server, tmp_path: Path) -> None:
+        server: Server, tmp_path: Path, registrar_proc: Registrar) -> None:
     from types import SimpleNamespace
 
+    from broker.model import Instance, InstanceState
     from broker.model.cloud import Market, Offer
     from broker.security import cloud_agent
+    from broker.store import open_store
     from providers.userdata import render
 
     prov_url, prov_pw = server.user("scheduler")  # rediss://, the CA a file of this machine
     prov = redis.Redis.from_url(prov_url)
     rt = SimpleNamespace(redis_url=prov_url, redis=prov)
+    store = open_store(prov_url)  # the launch's record, as the actuator writes it
+    store.record_instances([Instance("r-sec1", "libcloud:r1:z1:spot/g4")])
     join = cloud_agent.prepare(rt, "libcloud", "", "r-sec1")
     assert join.user == "spillway-cloud-r-sec1" and prov_pw not in join.url
     assert join.ca_pem == server.certs.ca.read_text()
@@ -384,12 +425,14 @@ def test_a_cloud_machine_joins_with_its_own_user_and_the_ca_never_the_provisione
     assert machine.ping()
     with pytest.raises(redis.exceptions.NoPermissionError):  # no rights before finish
         machine.hset("sw:node:i-sec1", "state", "READY")
-    join.finish(rt, "i-sec1")
+    assert join.finish(rt, "i-sec1") == ""
     machine.hset("sw:node:i-sec1", "state", "READY")
     with pytest.raises(redis.exceptions.NoPermissionError):
         machine.hset("sw:node:i-sec2", "state", "READY")
     machine.close()
-    assert cloud_agent.drop_ended(rt, ["r-other"]) == 1  # r-sec1 ended
+    store.move_instance("r-sec1", InstanceState.TERMINATED, 1.0, "given back")
+    wait_until(lambda: join.user not in server.admin.acl_users(), 30,  # the registrar's sweep
+               "the ended machine's user to be deleted")
     with pytest.raises(redis.AuthenticationError):
         redis.Redis.from_url(url).ping()
     prov.close()
