@@ -52,11 +52,16 @@ def scrubbed(request: Request, who: TokenRecord, doc: Any) -> Any:
     if not ids:
         return doc
     jobs = state(request).client.store.get_many(ids)
-    hidden = {i for i, j in zip(ids, jobs) if j is None or not auth.sees(who, j)}
+    return unnamed(doc, {i for i, j in zip(ids, jobs) if j is None or not auth.sees(who, j)})
+
+
+def unnamed(doc: Any, hidden: set[str]) -> Any:
+    """``doc`` with each of the ``hidden`` job ids, and the parenthesis after it that names
+    that job's team (and class), replaced by :data:`HIDDEN`."""
     if not hidden:
         return doc
     return json.loads(_JOB_AND_WHO.sub(
-        lambda m: HIDDEN if m.group("id") in hidden else m.group(0), text))
+        lambda m: HIDDEN if m.group("id") in hidden else m.group(0), json.dumps(doc)))
 
 
 def seen(request: Request, who: TokenRecord, job_id: str) -> Job:
