@@ -346,3 +346,21 @@ def test_the_preempted_team_reads_neither_the_preemptors_team_nor_its_class(
     user.close()
     direct.cancel(boss.id)
     direct.cancel(victim["id"])
+
+
+def test_a_client_that_goes_away_gives_its_long_polls_back(
+        server: ApiServer, direct: Client, tokens: TokenStore) -> None:
+    tok = token(tokens, "gus", team="g")
+    job = direct.submit({"command": "true", "team": "g"})
+    opened = OpenPolls(direct.store_redis)
+    conns = []
+    for path in (f"/v1/jobs/{job.id}/wait?timeout=60", f"/v1/jobs/{job.id}/logs?follow=true"):
+        h = Http(server, tok)
+        h.conn.request("GET", path, headers={"Authorization": f"Bearer {tok}"})
+        conns.append(h)
+    poll_until(lambda: opened.count(_id(tok), time.time()) == 2, 20, "2 long polls open")
+    for h in conns:  # gone, long before the wait's timeout or the job's end
+        h.close()
+    poll_until(lambda: opened.count(_id(tok), time.time()) == 0, 10,
+               "the long polls of a client gone to be given back")
+    direct.cancel(job.id)
