@@ -227,7 +227,8 @@ def unit(name: str) -> configparser.RawConfigParser:
 
 
 @pytest.mark.parametrize(("name", "command"), [("spillway-scheduler.service", "scheduler"),
-                                               ("spillway-worker.service", "worker")])
+                                               ("spillway-worker.service", "worker"),
+                                               ("spillway-registrar.service", "registrar")])
 def test_units_restart_and_are_sandboxed(name: str, command: str) -> None:
     u = unit(name)
     svc = u["Service"]
@@ -236,7 +237,11 @@ def test_units_restart_and_are_sandboxed(name: str, command: str) -> None:
     assert u["Unit"]["StartLimitIntervalSec"] == "0"
     assert svc["NoNewPrivileges"] == "yes"
     assert svc["ProtectSystem"] in ("strict", "full")
-    assert svc["User"] == "spillway"
+    if command == "registrar":  # (a uid of its own: no other component reads its URL)
+        assert svc["DynamicUser"] == "yes" and "User" not in svc
+        assert svc["EnvironmentFile"] == "/etc/spillway/registrar.env"
+    else:
+        assert svc["User"] == "spillway"
     lines = (UNITS / name).read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# -- sandboxing"))
     sandbox = lines[start:lines.index("[Install]")]
