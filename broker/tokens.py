@@ -27,8 +27,8 @@ from typing import Any
 import redis
 
 from broker.errors import FieldError, SpecError, SpillwayError
+from broker.model.classes import ROLES
 
-ROLES = ("user", "finance", "operator", "admin")
 _TOKEN_RE = re.compile(r"swt_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})")
 _TEAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _USER_RE = re.compile(r"[A-Za-z0-9_.@+-]{1,128}")

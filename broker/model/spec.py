@@ -7,21 +7,33 @@ only what :class:`SpecDefaults` names, so this module never imports the configur
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from broker.errors import FieldError, SpecError
 from broker.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
-from broker.model.classes import PriorityClass
+from broker.model.classes import PriorityClass, Team
 
 SITES = ("onprem", "cloud", "spot")
+#: The longest time limit by default (the configuration's ``max_time_limit_s``): 30 days.
+MAX_TIME_LIMIT_S = 30 * 86400.0
+#: The latest deadline: the end of year 9999 (what a timestamp can be shown as), UTC.
+MAX_DEADLINE = 253402300799.0
 _DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
@@ -38,8 +50,12 @@ class SpecDefaults(Protocol):
     @property
     def class_names(self) -> tuple[str, ...]: ...
 
+    @property
+    def max_time_limit_s(self) -> float: ...
+
     def priority(self, name: str) -> PriorityClass | None: ...
 
+    def team(self, name: str) -> Team: ...
 
 
 def parse_duration(value: str | float | int) -> float:
@@ -76,6 +92,42 @@ def parse_time(value: str | float | int) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
+
+
+def _env_name(name: str) -> str:
+    """An environment variable's name: not empty, no ``=`` nor NUL (execve could not pass it:
+    the job would fail only on its node)."""
+    if not name:
+        raise ValueError("is empty")
+    if "=" in name:
+        raise ValueError("contains '='")
+    if "\0" in name:
+        raise ValueError("contains a NUL byte")
+    return name
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("contains a NUL byte, which no process's environment, argument or "
+                         "path can hold")
+    return text
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+NoNul = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def seconds_text(secs: float) -> str:
+    """Seconds for a message: ``2592000s (30 days)``."""
+    text = f"{secs:.10g}s"
+    return f"{text} ({secs / 86400:.8g} days)" if math.isfinite(secs) and secs >= 86400 \
+        else text
 
 
 @dataclass(frozen=True)
@@ -116,8 +168,8 @@ class JobSpec(BaseModel):
 
     command: list[str] | str
     name: str | None = None
-    env: dict[str, str] = {}
-    workdir: str | None = None
+    env: dict[EnvName, NoNul] = {}
+    workdir: NoNul | None = None
     gpus: int = 1
     gpu_types: tuple[str, ...] = ()
     min_gpu_memory_gb: float = 0.0
@@ -129,7 +181,7 @@ class JobSpec(BaseModel):
     team: str | None = None
     time_limit: float | None = None
     deadline: float | None = None
-    checkpoint_dir: str | None = None
+    checkpoint_dir: NoNul | None = None
     sites: tuple[str, ...] = ("onprem", "cloud", "spot")
     max_price_per_hour: float | None = None
     labels: dict[str, str] = {}
@@ -140,6 +192,7 @@ class JobSpec(BaseModel):
         if isinstance(v, str):
             if not v.strip():
                 raise ValueError("must not be empty")
+            _no_nul(v)
             try:
                 shlex.split(v)
             except ValueError as e:
@@ -147,6 +200,8 @@ class JobSpec(BaseModel):
             return v
         if not v or not v[0].strip():
             raise ValueError("must be a non-empty argv list or shell string")
+        for arg in v:
+            _no_nul(arg)
         return v
 
     @field_validator("gpus")
@@ -166,8 +221,8 @@ class JobSpec(BaseModel):
     @field_validator("cpus", "memory_gb", "min_gpu_memory_gb")
     @classmethod
     def _non_negative(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"must be zero or more, got {v}")
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"must be a finite number, zero or more, got {v}")
         return v
 
     @field_validator("gpu_types", mode="before")
@@ -207,14 +262,21 @@ class JobSpec(BaseModel):
         if v is None:
             return None
         secs = parse_duration(v)
+        if not math.isfinite(secs):
+            raise ValueError(f"must be a finite duration, got {_shown(v)}")
         if secs <= 0:
-            raise ValueError("must be positive")
-        return secs
+            raise ValueError(f"must be positive, got {_shown(v)}")
+        return secs  # (at most the configuration's max_time_limit_s: checked())
 
     @field_validator("deadline", mode="before")
     @classmethod
     def _deadline(cls, v: Any) -> float | None:
-        return None if v is None else parse_time(v)
+        if v is None:
+            return None
+        t = parse_time(v)
+        if not (math.isfinite(t) and 0 <= t <= MAX_DEADLINE):
+            raise ValueError(f"must be a time between 1970 and the end of 9999, got {_shown(v)}")
+        return t
 
     @field_validator("sites", mode="before")
     @classmethod
@@ -229,8 +291,8 @@ class JobSpec(BaseModel):
     @field_validator("max_price_per_hour")
     @classmethod
     def _price(cls, v: float | None) -> float | None:
-        if v is not None and v <= 0:
-            raise ValueError("must be positive (dollars per hour)")
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"must be a positive, finite number of dollars per hour, got {v}")
         return v
 
     @model_validator(mode="after")
@@ -280,24 +342,53 @@ class JobSpec(BaseModel):
                 if config.priority(str(prio)) is None:  # report the class with the rest
                     errors.append(FieldError("priority", f"unknown priority class {prio!r}",
                                              ", ".join(config.class_names)))
+            if config is not None and not any(f.field == "time_limit" for f in errors):
+                try:  # (the field itself was fine: is it within the maximum?)
+                    limit = cls._time_limit(data.get("time_limit"))
+                except ValueError:
+                    limit = None
+                errors += _over_max(limit, config)
             raise SpecError(errors) from None
         return spec.checked(config) if config is not None else spec
 
     def checked(self, config: SpecDefaults) -> JobSpec:
-        """Resolve defaults from config and check the class; raise SpecError if unknown."""
+        """Resolve defaults from config and check what depends on it (the class exists, the
+        team's name, the time limit within the maximum, the GPUs within the team's cap for
+        the class); raise SpecError naming every field that is not."""
         prio = self.priority or config.default_class
-        if config.priority(prio) is None:
-            raise SpecError(
-                [FieldError("priority", f"unknown priority class {prio!r}",
-                            ", ".join(config.class_names))]
-            )
+        cls = config.priority(prio)
+        problems = [] if cls is not None else [
+            FieldError("priority", f"unknown priority class {prio!r}",
+                       ", ".join(config.class_names))]
         team = self.team or config.default_team
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", team):
-            raise SpecError([FieldError("team", f"{team!r} is not a valid team name",
-                                        "1-64 letters, digits, '.', '_' or '-'")])
+            problems.append(FieldError("team", f"{team!r} is not a valid team name",
+                                       "1-64 letters, digits, '.', '_' or '-'"))
+        problems += _over_max(self.time_limit, config)
+        cap = config.team(team).class_cap(prio) if cls is not None and not problems else None
+        gpus = self.gpus * self.nodes
+        if cap is not None and gpus > cap:
+            problems.append(FieldError(
+                "gpus", f"asks {gpus} GPU(s) in class {prio!r}, more than team {team!r} may "
+                        f"hold in it at once ({cap}): it could never start",
+                f"at most {cap} GPUs in all nodes, or another class; an admin raises the cap "
+                f"in the configuration: teams[{team}].class_caps.{prio}"))
+        if problems:
+            raise SpecError(problems)
         if prio == self.priority and team == self.team:
             return self
         return self.model_copy(update={"priority": prio, "team": team})
+
+
+def _over_max(limit: float | None, config: SpecDefaults) -> list[FieldError]:
+    """A time limit longer than the configuration's maximum, as the error naming it."""
+    most = config.max_time_limit_s
+    if limit is None or limit <= most:
+        return []
+    return [FieldError("time_limit", f"{seconds_text(limit)} is longer than the longest "
+                                     f"allowed, {seconds_text(most)}",
+                       f"a duration > 0 and at most {seconds_text(most)} (the configuration's "
+                       "max_time_limit_s)")]
 
 
 _ALLOWED_HINT = {
@@ -307,8 +398,14 @@ _ALLOWED_HINT = {
     "memory_gb": ">= 0",
     "min_gpu_memory_gb": ">= 0",
     "sites": ", ".join(SITES),
-    "time_limit": "a duration such as 30m, 6h, 2d, or seconds",
-    "deadline": "ISO 8601 time or epoch seconds",
+    "time_limit": "a duration such as 30m, 6h, 2d, or seconds, > 0 and at most the "
+                  "configuration's max_time_limit_s (30 days by default)",
+    "deadline": "ISO 8601 time or epoch seconds, from 1970 to 9999",
+    "max_price_per_hour": "dollars per hour > 0",
+    "env": "names not empty, without '=' or NUL; values without NUL",
+    "command": "an argv list or a shell string, without NUL bytes",
+    "workdir": "a directory path without NUL bytes",
+    "checkpoint_dir": "a directory path without NUL bytes",
 }
 
 
@@ -339,12 +436,16 @@ def _merged(errors: list[FieldError]) -> list[FieldError]:
 
 
 def _field_error(err: Mapping[str, Any]) -> FieldError:
-    loc = ".".join(str(p) for p in err.get("loc", ()) if not str(p).startswith("function-"))
+    parts = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if len(parts) == 3 and parts[2] == "[key]":  # a mapping's key (env's names): the mapping
+        return FieldError(parts[0], f"name {parts[1]!r} {msg}",
+                          _ALLOWED_HINT.get(parts[0], ""))
+    loc = ".".join(parts)
     # pydantic reports a union (list[str] | str) under its member types (list[str],
     # list[constrained-str], str, constrained-str, ...); name the field itself.
     loc = re.sub(r"\.((list|dict|tuple)\[[^\]]*\]|[a-z-]*str|int|float|bool)(\.\d+)?$", "",
                  loc) or "spec"
-    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     if err.get("type") == "extra_forbidden":
         close = difflib.get_close_matches(loc, list(JobSpec.model_fields), n=1)
         msg = "is not a JobSpec field" + (f"; did you mean {close[0]}?" if close else "")

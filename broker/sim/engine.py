@@ -134,7 +134,10 @@ class Simulation:
         base = config or Config()
         own: dict[str, Any] = {k: float(v) for k, v in cluster.settings.items()
                                if k in CLUSTER_CONFIG_KEYS}
+        # (max_time_limit_s: a trace replays its users' limits as they were; Philly's reach
+        # 161 days, past the 30 a real cluster takes by default)
         self.config = replace(base, classes=cluster.classes, teams=cluster.teams, **own,
+                              max_time_limit_s=math.inf,
                               policy_settings={**base.policy_settings, **{
                                   k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
