@@ -1,6 +1,7 @@
 """Phases 2 and 3 of the cycle: walk the ordered queue once, admit, place, reserve, backfill.
 
-In queue order, each job is admitted (the ``admit`` policy), checked for feasibility, and
+In queue order, each job is admitted (within its team's GPU cap for its class,
+policies/class_caps.py, then by the ``admit`` policy), checked for feasibility, and
 placed on free capacity (the ``place`` policy). The first job that cannot be placed is the
 *head*: the ``reserve`` policy gives it a reservation (EASY backfill) or, in strict order,
 makes everyone behind it wait; the evictors then plan what must happen before backfill
@@ -32,6 +33,7 @@ from broker.model import Allocation, InstanceState, Job, Reason
 from broker.model.fit import offer_could_hold
 from policies import reasons
 from policies.backfill import Shadow, guard, guards_allow, outlived
+from policies.class_caps import over_cap
 from policies.cycle import Cycle
 from policies.offers import BOOTING
 from policies.registry import register
@@ -54,9 +56,9 @@ def place_queue(cycle: Cycle) -> None:
         if head_blocked and (strict or index.free_devices == 0):
             _wait_behind(cycle, queue[pos:], strict, full=index.free_devices == 0)
             return
-        refusal = cycle.admit(cycle, job)
+        refusal = admitted(cycle, job)
         if refusal is not None:
-            cycle.pending[job.id] = Reason(refusal, f"not admitted: {refusal}")
+            cycle.pending[job.id] = refusal
             continue
         res = job.res
         if not index.feasible_ever(res) and not _an_offer_holds(cycle, job):
@@ -95,6 +97,16 @@ def place_queue(cycle: Cycle) -> None:
             guard(cycle, job, long)
 
 
+def admitted(cycle: Cycle, job: Job) -> Reason | None:
+    """Why ``job`` is not admitted now (its team's cap for its class, then the ``admit``
+    policy's refusal); None if it is."""
+    over = over_cap(cycle, job)
+    if over is not None:
+        return over
+    refusal = cycle.admit(cycle, job)
+    return None if refusal is None else Reason(refusal, f"not admitted: {refusal}")
+
+
 def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
     """Start each job of ``queue`` (in its order) on the cloud machines up now that were
     launched for it, where it fits; a gang with some of its machines still booting keeps the
@@ -114,7 +126,7 @@ def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
     index = cycle.index
     for job in queue:
         nodes = mine.get(job.id)
-        if nodes is None or cycle.admit(cycle, job) is not None:
+        if nodes is None or admitted(cycle, job) is not None:
             continue
         allocs = index.find(job.res, job.spec.sites, only=nodes)
         if allocs is not None:

@@ -2,13 +2,16 @@
 
 A job of a team the token may not see is reported missing (404, the same words as a job that
 does not exist), so job ids never leak across teams. Everything else a token may not do is a
-403 that says which role, or which team, would be needed.
+403 that says which role, or which team, would be needed; a priority class the token may not
+submit into (broker/model/classes.py ``may_submit``) is a 403 naming the class, the team, who
+may, and where an admin grants it.
 """
 
 from __future__ import annotations
 
 from broker.errors import JobNotFound
-from broker.model import Job
+from broker.model import Job, JobSpec, SpecDefaults
+from broker.model.classes import may_submit, refusal
 from broker.tokens import Refused, TokenRecord
 
 #: action -> the roles that may do it (a ``user`` only within its team)
@@ -74,3 +77,14 @@ def submit_team(who: TokenRecord, team: str | None) -> str | None:
     if who.role in TEAM_SCOPED:
         return team or who.team
     return team
+
+
+def class_allowed(who: TokenRecord, spec: JobSpec, config: SpecDefaults, at: str = "") -> JobSpec:
+    """``spec`` (checked: its class and team resolved) if ``who`` may submit into its class;
+    Refused (403) naming the class, the team, who may and who grants it otherwise. (``at``:
+    the spec's place in a batch, for the message.)"""
+    cls = config.priority(spec.priority or config.default_class)
+    if cls is not None and not may_submit(cls, who.role, spec.team):
+        where = f"spec {at.rstrip('.')}: " if at else ""
+        raise Refused(where + refusal(cls, who.role, spec.team))
+    return spec

@@ -51,7 +51,8 @@ def _checked(api: ApiState, who: TokenRecord, specs: list[dict[str, Any]],
         at = f"[{i}]." if batch else ""
         try:
             out.append(_check_spec(who, spec, at))
-            JobSpec.parse(out[-1], api.client.config)
+            auth.class_allowed(who, JobSpec.parse(out[-1], api.client.config),
+                               api.client.config, at)
         except SpecError as e:
             problems += [FieldError(f"{at}{p.field}" if not p.field.startswith(at) else p.field,
                                     p.problem, p.allowed) for p in e.errors]
