@@ -70,7 +70,8 @@ class Agent:
         # could not pass through to it (workers/users.py)
         isolating = config.job_isolation and os.geteuid() == 0
         self.jobs_dir = jobs_dir(work_dir, node.id) if isolating else work_dir
-        self.isolation = detect(node.id, self.jobs_dir, config.job_pids_max)  # warns if none
+        self.isolation = detect(node.id, self.jobs_dir, config.job_pids_max,  # warns if none
+                                gpus=node.gpus)  # (the device minors its jobs' fences allow)
         # which user each team's jobs run as (ConfigError for a bad setting)
         self.users = resolve(self.jobs_dir, config.job_isolation, config.job_users,
                              config.job_user, config.job_uid_range)

@@ -12,7 +12,8 @@ Where a node's job cgroups live (``node_dirs``; a job's cgroup is ``<node_dir>/<
   enables the controllers in ``<own>`` and makes ``<own>/jobs``;
 * **v2, not delegated**: ``<mount>/spillway/<node>``, the controllers enabled on the way down
   (a root agent outside any delegated subtree);
-* **v1**: ``<hierarchy>/spillway/<node>`` in each of memory, cpu, pids and freezer.
+* **v1**: ``<hierarchy>/spillway/<node>`` in each of memory, cpu, pids and freezer, and in
+  ``devices`` where that hierarchy is mounted and writable (optional: :func:`make_v1_devices`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workers import keeper
 log = logging.getLogger(__name__)
 
 V2_CONTROLLERS = ("memory", "pids", "cpu")
+V1_DEVICES = "devices"  # the optional v1 hierarchy (beside keeper.V1_CONTROLLERS)
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd (>= 251) on Delegate=yes
 
 read = keeper._read  # (a file's text, or "" when it cannot be read)
@@ -66,6 +68,20 @@ def make_v1(root: str, node: str) -> list[str]:
             raise OSError(f"cannot create {d}: {e.strerror}") from None
         dirs.append(d)
     return dirs
+
+
+def make_v1_devices(root: str, node: str) -> str:
+    """``<root>/devices/spillway/<node>``: the optional devices hierarchy's node directory;
+    OSError saying what is missing."""
+    h = os.path.join(root, V1_DEVICES)
+    if not os.path.exists(os.path.join(h, "devices.allow")):
+        raise OSError(f"the devices hierarchy is not mounted at {h}")
+    d = os.path.join(h, parent_name(), node)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot create {d}: {e.strerror}") from None
+    return d
 
 
 def hierarchy(node_dir: str) -> str:

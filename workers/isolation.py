@@ -5,8 +5,17 @@
 * **cgroup v2**: the unified mount has memory, pids and cpu in ``cgroup.controllers`` and
   ``<root>/spillway/<node_id>`` can be made with them enabled in ``cgroup.subtree_control``;
 * **cgroup v1**: the memory, cpu, pids and freezer hierarchies are mounted and writable; a job
-  gets the same relative path ``spillway/<node_id>/<job>-<attempt>-<rank>`` in each;
+  gets the same relative path ``spillway/<node_id>/<job>-<attempt>-<rank>`` in each (and in
+  ``devices`` where that one is mounted and writable);
 * **none**: one warning naming what is missing; jobs are killed by process group, as before.
+
+Devices (``fence``): a job's cgroup allows only the device nodes :mod:`workers.devices` lists for
+its GPUs (pseudo devices, NVIDIA's control devices, its own ``/dev/nvidiaN``): v1 through the
+``devices`` hierarchy (``devices.deny a``, then ``devices.allow``), v2 through a device program
+attached to the job's cgroup (:mod:`workers.devbpf`). Both are set when the cgroup is made,
+before any process enters it. :func:`detect` tries the fence once on a probe cgroup; where it
+cannot be had, one warning says why and that GPUs are then fenced only by
+``CUDA_VISIBLE_DEVICES``.
 
 Each job part gets a :class:`JobBox`: its cgroup (memory limit = ``memory_gb``, CPU quota =
 ``cpus``, ``job_pids_max`` processes), its scratch directory ``<work_dir>/scratch/<job>-<attempt>-
@@ -39,10 +48,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from workers import cgroupfs, keeper
+from broker.model import Gpu
+from workers import cgroupfs, devices, keeper
 from workers.cgroupfs import V2_CONTROLLERS
 
 log = logging.getLogger(__name__)
@@ -69,6 +79,9 @@ class Isolation:
     controllers: tuple[str, ...] = V2_CONTROLLERS  # v2: those enabled for the jobs
     keeper: Keeper | None = None  # set while a keeper watches this node's cgroups
     _memsw: bool | None = None  # v1: memory.memsw.* exists (swap accounting), probed once
+    gpus: tuple[Gpu, ...] = ()  # the node's GPUs: their /dev/nvidiaN minors
+    fence: str = ""  # how a job's devices are fenced: v1 (devices cgroup), bpf (v2), "" none
+    fence_missing: str = ""  # why they are not (fence "")
     _homes: threading.local = field(default_factory=threading.local)
 
     def kept(self) -> bool:
@@ -92,23 +105,29 @@ class Isolation:
     def scratch_root(self) -> str:
         return os.path.join(self.work_dir, "scratch")
 
-    def box(self, job_id: str, attempt: int, rank: int, memory_gb: float, cpus: float
-            ) -> JobBox:
-        """Create the part's scratch directory and cgroup. A cgroup that cannot be made is
-        logged and the part runs without one (killed by process group)."""
+    def box(self, job_id: str, attempt: int, rank: int, memory_gb: float, cpus: float,
+            gpu_ids: Sequence[str] = ()) -> JobBox:
+        """Create the part's scratch directory and cgroup; the cgroup may open only the
+        devices of ``gpu_ids`` (the part's GPUs or MIG instances) among device nodes. A cgroup
+        that cannot be made is logged and the part runs without one (killed by process group);
+        a device fence that cannot be set fails the start (:class:`devices.FenceError`)."""
         name = safe_name(f"{job_id}-{attempt}-{rank}")
         scratch = os.path.join(self.scratch_root, name)
         os.makedirs(scratch, exist_ok=True)
         box = JobBox(self, name, memory_gb, scratch)
         if self.kind != "none":
             try:
-                box.dirs = self._make_cgroup(name, memory_gb, cpus)
+                box.dirs = self._make_cgroup(name, memory_gb, cpus, gpu_ids)
+            except devices.FenceError:
+                box.release()
+                raise
             except OSError as e:
                 log.warning("job %s: no cgroup (%s); it is killed by process group", name, e)
                 box.dirs = []
         return box
 
-    def _make_cgroup(self, name: str, memory_gb: float, cpus: float) -> list[str]:
+    def _make_cgroup(self, name: str, memory_gb: float, cpus: float,
+                     gpu_ids: Sequence[str] = ()) -> list[str]:
         dirs = [os.path.join(d, name) for d in self.node_dirs]
         for d in dirs:
             try:
@@ -145,7 +164,19 @@ class Isolation:
             if quota:  # (a new cgroup's cfs_period_us is the kernel's fixed default, 100 ms)
                 _write(os.path.join(by["cpu"], "cpu.cfs_quota_us"), str(max(quota, 1000)))
             _write(os.path.join(by["pids"], "pids.max"), str(self.pids_max))
+        if self.fence:
+            self._fence(dirs, gpu_ids)
         return dirs
+
+    def _fence(self, dirs: list[str], gpu_ids: Sequence[str]) -> None:
+        """Allow the job's cgroup ``dirs`` only its devices (before anything enters it)."""
+        target = dirs[0] if self.fence == devices.BPF else dirs[-1]  # (v1: devices is last)
+        try:
+            devices.apply(self.fence, target, devices.rules_for(self.gpus, gpu_ids))
+        except devices.FenceError:
+            for d in dirs:  # (empty: nothing entered them yet)
+                keeper.remove(d, wait_s=0)
+            raise
 
     def clean_leftovers(self) -> None:
         """Remove the empty job cgroups and stale process-group files an earlier agent left.
@@ -304,11 +335,12 @@ def _field(text: str, key: str) -> int:
 
 def detect(node_id: str, work_dir: str, pids_max: int = 4096,
            v2_root: str | None = None, v1_root: str = "/sys/fs/cgroup",
-           warn: bool = True, v2_controllers: tuple[str, ...] = V2_CONTROLLERS
-           ) -> Isolation:
+           warn: bool = True, v2_controllers: tuple[str, ...] = V2_CONTROLLERS,
+           gpus: Sequence[Gpu] = ()) -> Isolation:
     """The best isolation this host allows. ``v2_root``: the cgroup2 mount (default: the one
     at ``/sys/fs/cgroup``, else ``/sys/fs/cgroup/unified``); ``v2_controllers``: those v2
-    needs (tests pass fewer to run membership and kill on a mount without controllers)."""
+    needs (tests pass fewer to run membership and kill on a mount without controllers);
+    ``gpus``: the node's GPUs, whose device minors the jobs' device fences allow."""
     node = safe_name(node_id)
     reasons = []
     roots = [v2_root] if v2_root else ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
@@ -327,6 +359,10 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
             reasons.append("no cgroup v2 mount")
         try:
             iso = Isolation("v1", cgroupfs.make_v1(v1_root, node), work_dir, pids_max)
+            devdir, iso.fence_missing = devices.v1_node_dir(v1_root, node)
+            if devdir:  # (last of the node's directories)
+                iso.node_dirs.append(devdir)
+                iso.fence = devices.V1
             iso.by_thread = _thread_can_enter(iso)
         except OSError as e:
             reasons.append(f"cgroup v1: {e}")
@@ -337,11 +373,17 @@ def detect(node_id: str, work_dir: str, pids_max: int = 4096,
                 "no cgroups for jobs (%s): jobs are not isolated (CPUs, memory, pids are not "
                 "limited; memory_gb is not enforced and an out-of-memory kill is not reported "
                 "as such) and are killed by process group, so a process that leaves its group "
-                "can outlive its job", iso.missing)
+                "can outlive its job; GPUs are fenced only by CUDA_VISIBLE_DEVICES, which a "
+                "job can reset", iso.missing)
     else:
         log.info("jobs run in cgroup %s under %s (%s)", iso.kind, ", ".join(iso.node_dirs),
                  "the forking thread enters each job's cgroups" if iso.by_thread else
                  "each job's process moves itself in through a shell step")
+    iso.gpus = tuple(gpus)
+    if iso.kind == "v2":
+        iso.fence_missing = devices.probe(devices.BPF, iso.node_dirs[0])
+        iso.fence = "" if iso.fence_missing else devices.BPF
+    devices.report(iso.fence, iso.fence_missing, warn and iso.kind != "none")  # (none: said)
     iso.clean_leftovers()
     return iso
 

@@ -84,7 +84,7 @@ def test_v1_limits_background_processes_and_release(v1: Isolation, way: str) -> 
     assert v1.by_thread  # what detect picks where a thread can enter a v1 cgroup
     v1.by_thread = way == "thread"
     box = v1.box("j1", 2, 0, memory_gb=0.5, cpus=1.5)
-    mem, cpu, pids, _freezer = box.dirs
+    mem, cpu, pids, _freezer, *_devices = box.dirs
     assert int(Path(mem, "memory.limit_in_bytes").read_text()) == 2**29
     assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "150000"
     assert Path(cpu, "cpu.cfs_period_us").read_text().strip() == "100000"
