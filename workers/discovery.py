@@ -4,6 +4,14 @@ Every function returns ``list[Gpu]``: whole GPUs, and for a MIG-enabled GPU the 
 (``mig_enabled=True``, not allocatable) followed by one entry per MIG instance whose ``id`` is the
 instance's UUID, the value a job gets in ``CUDA_VISIBLE_DEVICES``.
 
+Each device carries the minor of its ``/dev/nvidiaN`` (``Gpu.minor``; a MIG instance: its
+parent's) and, for a MIG instance, the minors of its ``/dev/nvidia-caps`` devices (``Gpu.caps``),
+so the job's device fence (:mod:`workers.devices`) allows exactly those. NVML reports the minor
+(``nvmlDeviceGetMinorNumber``); a MIG instance's GPU and compute instance ids lead to its caps
+in ``/proc/driver/nvidia-caps/mig-minors`` (lines ``gpu<minor>/gi<g>/access <cap minor>`` and
+``gpu<minor>/gi<g>/ci<c>/access <cap minor>``), as NVIDIA's container toolkit reads them. A
+static inventory's GPU gets its index as minor unless the YAML names ``minors``.
+
 ``pynvml`` is the module of the ``nvidia-ml-py`` distribution; it is imported lazily so a host
 without the NVIDIA driver never loads it.
 """
@@ -31,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _MIG_NAME_RE = re.compile(r"(\d+)g\.(\d+)gb", re.IGNORECASE)
 _MAX_SLICES = 7  # compute slices of one MIG-capable GPU
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,8 +64,9 @@ def discover_nvml() -> list[Gpu]:
         return []
     try:
         out: list[Gpu] = []
+        caps = mig_cap_minors()
         for i in range(pynvml.nvmlDeviceGetCount()):
-            out += _nvml_device(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i), i)
+            out += _nvml_device(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i), i, caps)
         return out
     finally:
         try:
@@ -65,18 +75,20 @@ def discover_nvml() -> list[Gpu]:
             log.info("nvmlShutdown failed: %s", e)
 
 
-def _nvml_device(nv: Any, handle: Any, fallback_index: int) -> list[Gpu]:
+def _nvml_device(nv: Any, handle: Any, fallback_index: int,
+                 caps: Mapping[str, int] | None = None) -> list[Gpu]:
     uuid = _text(nv.nvmlDeviceGetUUID(handle))
     try:
         index = int(nv.nvmlDeviceGetIndex(handle))
     except nv.NVMLError:
         index = fallback_index
+    minor = _minor(nv, handle, uuid, index)
     mem_bytes = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
     model = canonical_model(_text(nv.nvmlDeviceGetName(handle)), mem_bytes // 2**20)
     memory_gb = round(mem_bytes / 2**30, 1)
     if not _mig_enabled(nv, handle):
-        return [Gpu(uuid, index, model, memory_gb)]
-    out = [Gpu(uuid, index, model, memory_gb, mig_enabled=True)]
+        return [Gpu(uuid, index, model, memory_gb, minor=minor)]
+    out = [Gpu(uuid, index, model, memory_gb, mig_enabled=True, minor=minor)]
     for slot in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -86,9 +98,60 @@ def _nvml_device(nv: Any, handle: Any, fallback_index: int) -> list[Gpu]:
         mig_mem: float = mig_memory_gb(profile) if profile else 0
         if not mig_mem:
             mig_mem = round(int(nv.nvmlDeviceGetMemoryInfo(mig).total) / 2**30, 1)
-        out.append(Gpu(_text(nv.nvmlDeviceGetUUID(mig)), index, model, float(mig_mem),
-                       mig_profile=profile, parent=uuid))
+        mig_uuid = _text(nv.nvmlDeviceGetUUID(mig))
+        out.append(Gpu(mig_uuid, index, model, float(mig_mem), mig_profile=profile,
+                       parent=uuid, minor=minor,
+                       caps=_mig_caps(nv, mig, mig_uuid, minor, caps or {})))
     return out
+
+
+def _minor(nv: Any, handle: Any, uuid: str, index: int) -> int | None:
+    """The minor of the GPU's ``/dev/nvidiaN`` (often not its NVML index); None if unknown."""
+    try:
+        return int(nv.nvmlDeviceGetMinorNumber(handle))
+    except (nv.NVMLError, AttributeError) as e:
+        log.warning("GPU %s: NVML gives no device minor (%s); its jobs are allowed "
+                    "/dev/nvidia%d (its index), which may be another GPU's", uuid, e, index)
+        return None
+
+
+def mig_cap_minors(path: str | None = None) -> dict[str, int]:
+    """``/proc/driver/nvidia-caps/mig-minors`` (:data:`MIG_MINORS`): cap name
+    (``gpu0/gi1/access``) -> its minor in ``/dev/nvidia-caps``; empty where the driver has no
+    MIG caps."""
+    path = path or MIG_MINORS
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, minor = line.strip().rpartition(" ")
+        if name and minor.isdigit():
+            out[name] = int(minor)
+    return out
+
+
+def _mig_caps(nv: Any, mig: Any, uuid: str, gpu_minor: int | None, caps: Mapping[str, int]
+              ) -> tuple[int, ...]:
+    """The minors of a MIG instance's GPU instance and compute instance caps; () with a
+    warning when they cannot be found (its jobs then cannot open them)."""
+    if gpu_minor is None:
+        return ()  # (its GPU's warning said so)
+    try:
+        gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+        ci = int(nv.nvmlDeviceGetComputeInstanceId(mig))
+    except (nv.NVMLError, AttributeError) as e:
+        log.warning("MIG device %s: no GPU/compute instance id from NVML (%s); its "
+                    "/dev/nvidia-caps devices are not allowed to its jobs", uuid, e)
+        return ()
+    names = (f"gpu{gpu_minor}/gi{gi}/access", f"gpu{gpu_minor}/gi{gi}/ci{ci}/access")
+    if not all(n in caps for n in names):
+        log.warning("MIG device %s: %s not in %s; its /dev/nvidia-caps devices are not allowed "
+                    "to its jobs", uuid, " and ".join(names), MIG_MINORS)
+        return ()
+    return tuple(caps[n] for n in names)
 
 
 def _mig_enabled(nv: Any, handle: Any) -> bool:
@@ -146,7 +209,9 @@ def load_inventory_file(path: str | Path, node_id: str) -> list[Gpu]:
           - {model: A100-80GB, mig: [1g.10gb, 1g.10gb, 3g.40gb]}
 
     A ``mig`` list makes each GPU of that entry MIG-enabled with those instances, with ids
-    ``MIG-<node>-<gpu index>-<n>``. Raises ValueError naming the field and the allowed values.
+    ``MIG-<node>-<gpu index>-<n>``. ``minors: [N, ...]`` (one per GPU of the entry) names the
+    ``/dev/nvidiaN`` of each; without it a GPU's minor is its index. Raises ValueError naming
+    the field and the allowed values.
     """
     p = Path(path).expanduser()
     try:
@@ -169,15 +234,21 @@ def inventory_from_data(data: Any, node_id: str, source: str = "inventory") -> l
     for i, item in enumerate(data["gpus"]):
         physical = sum(1 for g in out if g.mig_profile is None)
         out += _inventory_entry(item, f"{source}: gpus[{i}]", node_id, physical)
+    minors = [g.device_minor for g in out if g.mig_profile is None]
+    twice = sorted({m for m in minors if minors.count(m) > 1})
+    if twice:
+        raise ValueError(f"{source}: gpus: minor(s) {twice} given to more than one GPU; each "
+                         "GPU has its own /dev/nvidiaN")
     return out
 
 
 def _inventory_entry(item: Any, where: str, node_id: str, first_index: int) -> list[Gpu]:
     if not isinstance(item, Mapping):
         raise ValueError(f"{where}: must be a mapping with model, and count or mig")
-    unknown = set(item) - {"model", "count", "mig"}
+    unknown = set(item) - {"model", "count", "mig", "minors"}
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: model, count, mig")
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: model, count, mig, "
+                         "minors")
     if "model" not in item:
         raise ValueError(f"{where}.model: is required (a GPU model such as A100-80GB)")
     try:
@@ -188,15 +259,30 @@ def _inventory_entry(item: Any, where: str, node_id: str, first_index: int) -> l
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
         raise ValueError(f"{where}.count: {count!r} is not allowed; use a whole number 1..64")
     profiles = _mig_list(item.get("mig"), model, f"{where}.mig")
+    minors = _minor_list(item.get("minors"), count, f"{where}.minors")
     out: list[Gpu] = []
     for k in range(count):
         index = first_index + k
         uuid = f"GPU-{node_id}-{index}"
         mem = float(memory_of(model))
-        out.append(Gpu(uuid, index, model, mem, mig_enabled=bool(profiles)))
+        minor = minors[k] if minors else None
+        out.append(Gpu(uuid, index, model, mem, mig_enabled=bool(profiles), minor=minor))
         out += [Gpu(f"MIG-{node_id}-{index}-{n}", index, model, float(mig_memory_gb(p)),
-                    mig_profile=p, parent=uuid) for n, p in enumerate(profiles)]
+                    mig_profile=p, parent=uuid, minor=minor) for n, p in enumerate(profiles)]
     return out
+
+
+def _minor_list(raw: Any, count: int, where: str) -> list[int]:
+    """``minors``: one /dev/nvidiaN minor per GPU of the entry (0..253; 254 and 255 are
+    nvidia-modeset and nvidiactl)."""
+    if raw is None:
+        return []
+    if (not isinstance(raw, list) or len(raw) != count
+            or not all(isinstance(m, int) and not isinstance(m, bool) and 0 <= m <= 253
+                       for m in raw)):
+        raise ValueError(f"{where}: {raw!r} is not allowed; use a list of {count} whole "
+                         "number(s) 0..253, one /dev/nvidiaN minor per GPU of the entry")
+    return list(raw)
 
 
 def _mig_list(raw: Any, model: str, where: str) -> list[str]:

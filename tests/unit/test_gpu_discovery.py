@@ -8,6 +8,7 @@ answers (a GPU host).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from broker.gpus import KNOWN_MODELS
 from broker.model import Gpu
+from workers import discovery
 from workers.discovery import (
     discover,
     discover_nvml,
@@ -55,12 +57,26 @@ class NVMLError_NotFound(NVMLError):  # (pynvml's name)
 NVMLError.by_code[NOT_FOUND] = NVMLError_NotFound
 
 
+# /proc/driver/nvidia-caps/mig-minors of the fake host: GPU minor 0's GPU instances 1, 3 and 6
+MIG_MINORS = """config 1
+monitor 2
+gpu0/gi1/access 21
+gpu0/gi1/ci0/access 22
+gpu0/gi3/access 30
+gpu0/gi3/ci0/access 31
+gpu0/gi6/access 60
+gpu0/gi6/ci0/access 61
+"""
+
+
 def fake_host() -> dict[str, Any]:
-    """Two A100-80GB: GPU 0 whole, GPU 1 in MIG mode with instances in slots 0, 2 and 5."""
+    """Two A100-80GB: GPU 0 whole (/dev/nvidia2), GPU 1 (/dev/nvidia0) in MIG mode with
+    instances in slots 0, 2 and 5 (GPU instances 1, 3 and 6, compute instance 0 each)."""
     gpus: dict[str, dict[str, Any]] = {
         "gpu0": {"uuid": "GPU-0000", "name": "NVIDIA A100-SXM4-80GB", "mem": 80 * GIB,
-                 "mig": None},
+                 "mig": None, "minor": 2},
         "gpu1": {"uuid": "GPU-1111", "name": "NVIDIA A100-SXM4-80GB", "mem": 80 * GIB,
+                 "minor": 0,
                  "mig": {0: ("MIG-aaaa", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9.75 * GIB),
                          2: ("MIG-bbbb", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9.75 * GIB),
                          5: ("MIG-cccc", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 39.5 * GIB)}},
@@ -99,6 +115,9 @@ def fake_host() -> dict[str, Any]:
         "nvmlDeviceGetMaxMigDeviceCount": lambda h: 7,
         "nvmlDeviceGetMigDeviceHandleByIndex": mig_handle,
         "nvmlDeviceGetAttributes": mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)),
+        "nvmlDeviceGetMinorNumber": lambda h: gpus[h]["minor"],
+        "nvmlDeviceGetGpuInstanceId": lambda h: int(h.split("/")[1]) + 1,
+        "nvmlDeviceGetComputeInstanceId": lambda h: 0,
     }
 
 
@@ -106,9 +125,12 @@ Install = Callable[..., ModuleType]
 
 
 @pytest.fixture
-def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Install:
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Install:
     """``install(**functions)``: put a fake ``pynvml`` module with these functions (default:
-    :func:`fake_host`) in ``sys.modules`` for the test; returns it."""
+    :func:`fake_host`) in ``sys.modules`` for the test, and its caps' ``mig-minors``; returns
+    it."""
+    (tmp_path / "mig-minors").write_text(MIG_MINORS)
+    monkeypatch.setattr(discovery, "MIG_MINORS", str(tmp_path / "mig-minors"))
 
     def install(**functions: Any) -> ModuleType:
         mod = ModuleType("pynvml")
@@ -127,11 +149,14 @@ def test_nvml_host_with_one_mig_gpu(fake_nvml: Install) -> None:
     nv = fake_nvml()
     gpus = discover_nvml()
     assert gpus == [
-        Gpu("GPU-0000", 0, "A100-80GB", 80.0),
-        Gpu("GPU-1111", 1, "A100-80GB", 80.0, mig_enabled=True),
-        Gpu("MIG-aaaa", 1, "A100-80GB", 10.0, mig_profile="1g.10gb", parent="GPU-1111"),
-        Gpu("MIG-bbbb", 1, "A100-80GB", 10.0, mig_profile="1g.10gb", parent="GPU-1111"),
-        Gpu("MIG-cccc", 1, "A100-80GB", 40.0, mig_profile="3g.40gb", parent="GPU-1111"),
+        Gpu("GPU-0000", 0, "A100-80GB", 80.0, minor=2),
+        Gpu("GPU-1111", 1, "A100-80GB", 80.0, mig_enabled=True, minor=0),
+        Gpu("MIG-aaaa", 1, "A100-80GB", 10.0, mig_profile="1g.10gb", parent="GPU-1111",
+            minor=0, caps=(21, 22)),
+        Gpu("MIG-bbbb", 1, "A100-80GB", 10.0, mig_profile="1g.10gb", parent="GPU-1111",
+            minor=0, caps=(30, 31)),
+        Gpu("MIG-cccc", 1, "A100-80GB", 40.0, mig_profile="3g.40gb", parent="GPU-1111",
+            minor=0, caps=(60, 61)),
     ]
     nv.nvmlInit.assert_called_once()
     nv.nvmlShutdown.assert_called_once()
@@ -143,8 +168,9 @@ def test_the_fake_module_is_the_one_discovery_reads(fake_nvml: Install) -> None:
               nvmlDeviceGetIndex=lambda h: 3, nvmlDeviceGetUUID=lambda h: "GPU-h100",
               nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
               nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=80 * GIB),
-              nvmlDeviceGetMigMode=mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)))
-    assert discover_nvml() == [Gpu("GPU-h100", 3, "H100-80GB", 80.0)]
+              nvmlDeviceGetMigMode=mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)),
+              nvmlDeviceGetMinorNumber=lambda h: 7)
+    assert discover_nvml() == [Gpu("GPU-h100", 3, "H100-80GB", 80.0, minor=7)]
 
 
 def test_the_index_falls_back_to_the_enumeration_order(fake_nvml: Install) -> None:
@@ -242,6 +268,7 @@ def test_the_real_devices() -> None:
     finally:
         pynvml.nvmlShutdown()
     assert {g.id for g in whole} == {u.decode() if isinstance(u, bytes) else u for u in uuids}
+    assert all(g.minor is not None and os.path.exists(f"/dev/nvidia{g.minor}") for g in whole)
 
 
 # -- static inventories -----------------------------------------------------------------------
@@ -286,6 +313,38 @@ def test_inventory_file_with_mig(tmp_path: Path) -> None:
     ]
 
 
+def test_inventory_minors_name_each_gpus_device_node() -> None:
+    """``minors``: /dev/nvidiaN of each GPU of an entry (a MIG instance: its parent's); a GPU
+    without one is its index's (so a minor given to another GPU is refused)."""
+    gpus = inventory_from_data({"gpus": [
+        {"model": "A100-80GB", "count": 2, "minors": [4, 1]},
+        {"model": "A100-80GB", "mig": ["3g.40gb"], "minors": [0]},
+        {"model": "T4"},
+    ]}, "n1")
+    assert [(g.id, g.minor, g.device_minor) for g in gpus] == [
+        ("GPU-n1-0", 4, 4), ("GPU-n1-1", 1, 1), ("GPU-n1-2", 0, 0), ("MIG-n1-2-0", 0, 0),
+        ("GPU-n1-3", None, 3)]
+
+
+def test_an_nvml_gpu_without_a_minor_falls_back_to_its_index(
+        fake_nvml: Install, caplog: pytest.LogCaptureFixture) -> None:
+    fake_nvml(nvmlDeviceGetMinorNumber=mock.Mock(side_effect=NVMLError(NOT_SUPPORTED)))
+    gpus = discover_nvml()
+    assert [(g.minor, g.device_minor, g.caps) for g in gpus] == [
+        (None, 0, ()), (None, 1, ()), (None, 1, ()), (None, 1, ()), (None, 1, ())]
+    assert "GPU GPU-0000: NVML gives no device minor" in caplog.text
+
+
+def test_mig_caps_not_found_are_left_out_with_a_warning(
+        fake_nvml: Install, caplog: pytest.LogCaptureFixture, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml()
+    monkeypatch.setattr(discovery, "MIG_MINORS", str(tmp_path / "none"))
+    gpus = discover_nvml()
+    assert [g.caps for g in gpus if g.mig_profile] == [(), (), ()]
+    assert "MIG device MIG-aaaa: gpu0/gi1/access and gpu0/gi1/ci0/access not in" in caplog.text
+
+
 @pytest.mark.parametrize(("data", "needles"), [
     ([], ["top level", "gpus"]),
     ({"gpus": [], "extra": 1}, ["unknown keys", "allowed: gpus"]),
@@ -302,6 +361,12 @@ def test_inventory_file_with_mig(tmp_path: Path) -> None:
     ({"gpus": [{"model": "A100-80GB", "mig": []}]}, ["gpus[0].mig", "non-empty"]),
     ({"gpus": [{"model": "A100-80GB", "mig": ["4g.40gb", "4g.40gb"]}]},
      ["gpus[0].mig", "8 compute slices"]),
+    ({"gpus": [{"model": "T4", "count": 2, "minors": [1]}]}, ["gpus[0].minors", "list of 2"]),
+    ({"gpus": [{"model": "T4", "minors": [255]}]}, ["gpus[0].minors", "0..253"]),
+    ({"gpus": [{"model": "T4", "minors": [True]}]}, ["gpus[0].minors"]),
+    ({"gpus": [{"model": "T4", "minors": 1}]}, ["gpus[0].minors"]),
+    ({"gpus": [{"model": "T4", "count": 2}, {"model": "T4", "minors": [1]}]},
+     ["minor(s) [1] given to more than one GPU"]),
 ])
 def test_inventory_file_errors_name_the_field(data: object, needles: list[str]) -> None:
     with pytest.raises(ValueError) as info:
