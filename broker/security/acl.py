@@ -13,18 +13,14 @@ Roles, and what each may touch (``sw:`` is the store's key prefix, broker/store/
   (``<prefix>inst:*``) it checks requests against (broker/security/registrar.py). Anyone with
   ``ACL SETUSER`` can grant themselves anything: this user is an administrator's in all but
   name, and is held only by that one small process.
-* ``agent``: one node. It writes its own node (``sw:node:<id>``, its GPU allocations, the node
-  index), consumes its own Celery queue (``node.<id>``), and writes what its reports and logs
-  touch: job records, their indexes, the log streams, fair-share usage. It may push (not read)
-  commands onto other nodes' queues (a gang's stop), and reads the rest of the store. It cannot
-  write another node's record, a cloud instance, the offers, the archive, the leader's epoch,
-  the scheduler's queue order or reservation, and runs no administrative or dangerous command.
-
-Why an agent writes every job's record: its reports (started, exited) and log appends are
-compare-and-set Lua scripts on ``sw:job:<id>`` and the indexes, and Redis checks the caller's
-ACL for each key a script declares and each command it calls. Key patterns cannot tell one
-job from another by its node, and a job's spec lives inside its record (docs/security.md,
-"What an agent can still do").
+* ``agent``: one node, and only its keys. It writes its node's record (``sw:node:<id>``), its
+  reports (``sw:reports:<id>``: started, exited, preempted, registered; the leading scheduler
+  applies them to the job records) and its parts' log streams (``sw:logs:*@<id>``); it reads
+  its node's view (``sw:run:<id>``: the jobs placed there, their attempts and sealed specs)
+  and GPU allocations (``sw:alloc:<id>``); it says hello once (``sw:nodes:hello``, write
+  only), asks for cycles, and consumes its own Celery queue (``node.<id>``). It reads no job
+  record, no other node's keys, no other team's spec, and writes no job record: a compromised
+  agent can lie only about the jobs placed on its own node (docs/security.md).
 
 Passwords never appear in the rules: a user's password goes in as ``#<sha256>``.
 """
@@ -138,17 +134,20 @@ def user_for(role: str, node_id: str | None = None, name: str | None = None,
 
 def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The key patterns of one node's agent: ``~`` read and write, ``%R~`` read only,
-    ``%W~`` write only."""
-    p = prefix
-    own = [f"{p}node:{node_id}", f"{p}alloc:*", f"{p}nodes", f"{p}nodes:seq"]
-    reports = [f"{p}job:*", f"{p}jobs:*", f"{p}ver:*", f"{p}reasons", f"{p}leader",
-               f"{p}logs:*", f"{p}usage", f"{p}runtimes"]
-    queue = [f"node.{node_id}", f"node.{node_id}{PRIORITY_SEP}*"]
+    ``%W~`` write only. Only its node's keys: it reads no job record, no other node's and no
+    other team's spec (broker/store/node_reports.py, workers/channel.py)."""
+    p, n = prefix, node_id
+    # its record and heartbeat, its reports to the scheduler, its parts' log streams
+    # (logs:{job}:{attempt}@{node}: a node id holds no '@', so the pattern is its own)
+    own = [f"{p}node:{n}", f"{p}reports:{n}", f"{p}logs:*@{n}"]
+    queue = [f"node.{n}", f"node.{n}{PRIORITY_SEP}*"]
     # the agent's Celery worker's remote-control queue (hostname agent@<id>), and replies
-    celery = [*KOMBU_KEYS, f"agent@{node_id}.celery.pidbox*", "*reply.celery.pidbox*"]
+    celery = [*KOMBU_KEYS, f"agent@{n}.celery.pidbox*", "*reply.celery.pidbox*"]
     # (node ids hold no glob characters: check_node_id)
-    rules = [f"~{k}" for k in (*own, *reports, *CYCLE_KEYS, *queue, *celery)]
-    return [*rules, "%W~node.*", f"%R~{p}node:*", f"%R~{p}spec:*", f"%R~{p}archive"]
+    rules = [f"~{k}" for k in (*own, *CYCLE_KEYS, *queue, *celery)]
+    # what the scheduler wrote for it: the jobs placed here (their docs, attempts and sealed
+    # specs) and its GPUs' owners; and the list of registered agents (said once, at start)
+    return [*rules, f"%R~{p}run:{n}", f"%R~{p}alloc:{n}", f"%W~{p}nodes:hello"]
 
 
 def registrar_keys(prefix: str = DEFAULT_PREFIX) -> list[str]:

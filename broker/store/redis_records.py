@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -417,7 +418,13 @@ class RedisRecords(BaseStore):
             job = self._load([job_id])[0]
             node_id = job.allocations[0].node_id if job is not None and job.allocations \
                 else ""
-        append_logs(self._append_script, self.prefix, node_id, job_id, attempt, lines, now)
+        try:
+            append_logs(self._append_script, self.prefix, node_id, job_id, attempt, lines,
+                        now)
+        except StaleAttempt:  # (say what the job is at: the store may read its record)
+            job = self._load([job_id])[0]
+            raise StaleAttempt(job_id, attempt, job.attempt if job else 0,
+                               job.state.value if job else "MISSING") from None
 
     def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
                   block_s: float = 0.0) -> list[LogLine]:
@@ -428,7 +435,9 @@ class RedisRecords(BaseStore):
         if limit <= 0:
             return []
         nodes = self._log_nodes(job_id, attempt)
-        if not nodes:
+        if not nodes:  # (not placed yet: nothing to read; a blocking read waits all the same)
+            if block_s > 0:
+                time.sleep(block_s)
             return []
         at = _cursor_positions(cursor, nodes)
         block = max(1, int(block_s * 1000)) if block_s > 0 else None

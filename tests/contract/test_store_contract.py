@@ -859,10 +859,10 @@ def test_redis_keys_stay_under_the_prefix(redis_client, redis_prefix) -> None:  
             if k.decode().startswith(redis_prefix)}
     assert keys == {redis_prefix + k for k in (
         f"job:{job.id}", f"spec:{job.id}", "jobs:all", "jobs:active", "nodes", "nodes:seq",
-        "node:n1", "alloc:n1", "reasons", "ver:active", "order",
-        f"logs:{job.id}:1")}
+        "node:n1", "alloc:n1", "run:n1", "reasons", "ver:active", "order",
+        f"logs:{job.id}:1@n1")}
     assert other.list_jobs() == [] and other.nodes() == []
-    assert 0 < redis_client.ttl(f"{redis_prefix}logs:{job.id}:1") <= 7 * 86400
+    assert 0 < redis_client.ttl(f"{redis_prefix}logs:{job.id}:1@n1") <= 7 * 86400
     raw = redis_client.hgetall(f"{redis_prefix}job:{job.id}")
     assert (raw[b"version"], raw[b"state"], raw[b"attempt"]) == (b"3", b"RUNNING", b"1")
 

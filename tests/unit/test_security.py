@@ -85,7 +85,12 @@ def test_acl_rules_for_an_agent_name_only_its_node_and_no_password() -> None:
     assert user.name == "spillway-agent-gpu-7"
     assert "~sw:node:gpu-7" in user.rules and "~node.gpu-7" in user.rules
     assert not any(r.startswith("~sw:node:") and r != "~sw:node:gpu-7" for r in user.rules)
-    assert "%R~sw:spec:*" in user.rules and not any(r == "~sw:spec:*" for r in user.rules)
+    # its node's keys only: no job record, no other node's, no spec of any job, and no
+    # command to another node's queue (the scheduler applies its reports)
+    assert not any(k in r for r in user.rules for k in ("sw:job", "sw:spec", "sw:archive",
+                                                        "sw:usage", "node.*", "sw:alloc:*"))
+    assert {"%R~sw:run:gpu-7", "%R~sw:alloc:gpu-7", "~sw:reports:gpu-7", "~sw:logs:*@gpu-7",
+            "%W~sw:nodes:hello"} <= set(user.rules)
     line = user.command("a-password")
     assert "a-password" not in line and "#" in line and line.startswith("ACL SETUSER")
     for bad in ("n*", "a b", "", "[x]"):
