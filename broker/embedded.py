@@ -230,8 +230,15 @@ class LocalCluster:
             raise
 
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, **self.extra_env, "SPILLWAY_REDIS_URL": self.url,
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.extra_env, "PYTHONUNBUFFERED": "1"}
+        if self.server is not None:  # the URL's file (0600), so no password sits in an
+            env.pop("SPILLWAY_REDIS_URL", None)  # environment
+            env["SPILLWAY_REDIS_URL_FILE"] = str(self.server.url_file)
+        else:
+            env["SPILLWAY_REDIS_URL"] = self.url
+        # A local cluster is one person's: its jobs run as that person (as root, when run as
+        # root), not as per-team users (docs/security.md), unless they say otherwise
+        env.setdefault("SPILLWAY_JOB_ISOLATION", "false")
         if self.config_path:
             env["SPILLWAY_CONFIG"] = str(self.config_path)
         return env

@@ -226,10 +226,16 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """(on a pytest-xdist worker) The controller's COLUMNS and LINES, or none; and a parent
+    """Jobs of the tests' agents as root (below); (on a pytest-xdist worker) the
+    controller's COLUMNS and LINES, or none; and a parent
     cgroup of the worker's own (workers/cgroupfs.py parent_name): the workers' agents reuse
     node ids (n1, ...), and an agent that starts removes the empty job cgroups of its node id,
     which would take another worker's part between its cgroup's making and its fork."""
+    # Worker agents started by the tests run their jobs as root (their scripts write into
+    # pytest's 0700 temporary directories): these tests are about scheduling. Jobs as
+    # per-team users, the default for an agent as root, are what tests/integration/
+    # test_tenants.py and the unit tests of workers/users.py run.
+    os.environ.setdefault("SPILLWAY_JOB_ISOLATION", "false")
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:
         os.environ["SPILLWAY_CGROUP_PARENT"] = f"spillway-test-{worker}"

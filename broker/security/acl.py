@@ -17,7 +17,7 @@ Roles, and what each may touch (``sw:`` is the store's key prefix, broker/store/
   reports (``sw:reports:<id>``: started, exited, preempted, registered; the leading scheduler
   applies them to the job records) and its parts' log streams (``sw:logs:*@<id>``); it reads
   its node's view (``sw:run:<id>``: the jobs placed there, their attempts and sealed specs)
-  and GPU allocations (``sw:alloc:<id>``); it says hello once (``sw:nodes:hello``, write
+  and GPU allocations (``sw:alloc:<id>``, read only); it says hello once (``sw:nodes:hello``, write
   only), asks for cycles, and consumes its own Celery queue (``node.<id>``). It reads no job
   record, no other node's keys, no other team's spec, and writes no job record: a compromised
   agent can lie only about the jobs placed on its own node (docs/security.md).
@@ -138,16 +138,18 @@ def agent_keys(node_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     other team's spec (broker/store/node_reports.py, workers/channel.py)."""
     p, n = prefix, node_id
     # its record and heartbeat, its reports to the scheduler, its parts' log streams
-    # (logs:{job}:{attempt}@{node}: a node id holds no '@', so the pattern is its own)
-    own = [f"{p}node:{n}", f"{p}reports:{n}", f"{p}logs:*@{n}"]
+    # (logs:{job}:{attempt}@{node}: a node id holds no '@', so the pattern is its own), and
+    # its view (the jobs placed here: read, and declared by the log append's script, which
+    # Redis counts as a write; an agent that wrote its own view would fool only itself)
+    own = [f"{p}node:{n}", f"{p}reports:{n}", f"{p}logs:*@{n}", f"{p}run:{n}"]
     queue = [f"node.{n}", f"node.{n}{PRIORITY_SEP}*"]
     # the agent's Celery worker's remote-control queue (hostname agent@<id>), and replies
     celery = [*KOMBU_KEYS, f"agent@{n}.celery.pidbox*", "*reply.celery.pidbox*"]
     # (node ids hold no glob characters: check_node_id)
     rules = [f"~{k}" for k in (*own, *CYCLE_KEYS, *queue, *celery)]
-    # what the scheduler wrote for it: the jobs placed here (their docs, attempts and sealed
-    # specs) and its GPUs' owners; and the list of registered agents (said once, at start)
-    return [*rules, f"%R~{p}run:{n}", f"%R~{p}alloc:{n}", f"%W~{p}nodes:hello"]
+    # its GPUs' owners, as the scheduler wrote them; and the list of registered agents
+    # (said once, at start)
+    return [*rules, f"%R~{p}alloc:{n}", f"%W~{p}nodes:hello"]
 
 
 def registrar_keys(prefix: str = DEFAULT_PREFIX) -> list[str]:

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from broker.config import load_config
+from broker.control import apply_node_reports
 from broker.model import Job, JobSpec, NodeState
 from broker.runtime import Runtime
 from broker.state import JobState
@@ -99,6 +100,7 @@ def agent(server: str, tmp_path: Path) -> Iterator[AgentProc]:
 
 
 def registered(rt: Runtime, node_id: str, incarnation: str | None = None) -> bool:
+    apply_node_reports(rt)  # (what a leading scheduler does before each cycle)
     return any(n.id == node_id and n.state is NodeState.READY and n.lease_expires > time.time()
                and n.incarnation != incarnation for n in rt.store.nodes())
 
@@ -114,6 +116,7 @@ def submit_and_place(rt: Runtime, node_id: str, command: str, gpus: int = 1) -> 
 
 
 def state_is(rt: Runtime, job: Job, *states: JobState) -> Job | None:
+    apply_node_reports(rt)  # the agent's reports, as the leading scheduler applies them
     current = rt.store.get(job.id)
     return current if current.state in states else None
 
@@ -151,6 +154,7 @@ def test_sigterm_drains_the_node_and_requeues_its_jobs(rt: Runtime, agent: Agent
     wait_until(lambda: ("out", "up") in lines(rt, job), 30, "the job to run")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+    apply_node_reports(rt)  # (its preemption and its part's end)
     after = rt.store.get(job.id)
     assert after.state is JobState.PENDING and after.attempt == 2, after.history
     assert [h.state for h in after.history][-2:] == [JobState.PREEMPTED, JobState.PENDING]

@@ -165,7 +165,8 @@ def test_restarted_agent_kills_leftovers(cluster: Cluster, tmp_path: Path) -> No
     env = {**os.environ, "SPILLWAY_NODE_ID": "n1", "SPILLWAY_JOB_ID": "j-old"}
     leftover = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
     try:
-        cluster.start_agent("n1", "1xA100-80GB")
+        cluster.start_scheduler()  # (a node is taken, and shows READY, once a leader applies
+        cluster.start_agent("n1", "1xA100-80GB")  # its registration)
         wait_until(lambda: leftover.poll() is not None, 10, "the leftover to be killed")
     finally:
         if leftover.poll() is None:

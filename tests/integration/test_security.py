@@ -271,18 +271,29 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         finally:
             api.stop()
 
-        # an agent may rewrite a job's record (its reports do), never its sealed spec; and a
-        # changed spec never runs
+        # an agent reads and writes no job record, no spec, no other node's keys (its
+        # reports go to its own stream; the scheduler applies them); a record changed by
+        # another writer of records (the API's user here) never runs other than as sealed
         agent = redis.Redis.from_url(agent_url)
+        records = redis.Redis.from_url(api_url)
         with Client(api_url) as client:
             client.drain(node)
             client.drain(node2)  # (nowhere to run until the record is changed)
             victim = client.submit(command="echo untouched", gpus=1)
-            with pytest.raises(redis.exceptions.NoPermissionError):
-                agent.set(f"sw:spec:{victim.id}", "{}")
-            raw = json.loads(agent.hget(f"sw:job:{victim.id}", "doc"))
+            for refused_op in (lambda: agent.set(f"sw:spec:{victim.id}", "{}"),
+                               lambda: agent.get(f"sw:spec:{victim.id}"),
+                               lambda: agent.hget(f"sw:job:{victim.id}", "doc"),
+                               lambda: agent.hset(f"sw:job:{victim.id}", "doc", "{}"),
+                               lambda: agent.zrange("sw:jobs:all", 0, -1),
+                               lambda: agent.hgetall(f"sw:run:{node2}"),
+                               lambda: agent.xadd(f"sw:reports:{node2}", {"k": "x"}),
+                               lambda: agent.xrange("sw:nodes:hello"),
+                               lambda: agent.lpush(f"node.{node2}", "x")):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    refused_op()
+            raw = json.loads(records.hget(f"sw:job:{victim.id}", "doc"))
             raw["spec"]["command"] = "echo TAMPERED-RAN"
-            agent.hset(f"sw:job:{victim.id}", "doc", json.dumps(raw))
+            records.hset(f"sw:job:{victim.id}", "doc", json.dumps(raw))
             client.resume(node)
             client.resume(node2)
             ended = client.wait(victim.id, timeout=60)

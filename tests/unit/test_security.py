@@ -89,7 +89,7 @@ def test_acl_rules_for_an_agent_name_only_its_node_and_no_password() -> None:
     # command to another node's queue (the scheduler applies its reports)
     assert not any(k in r for r in user.rules for k in ("sw:job", "sw:spec", "sw:archive",
                                                         "sw:usage", "node.*", "sw:alloc:*"))
-    assert {"%R~sw:run:gpu-7", "%R~sw:alloc:gpu-7", "~sw:reports:gpu-7", "~sw:logs:*@gpu-7",
+    assert {"~sw:run:gpu-7", "%R~sw:alloc:gpu-7", "~sw:reports:gpu-7", "~sw:logs:*@gpu-7",
             "%W~sw:nodes:hello"} <= set(user.rules)
     line = user.command("a-password")
     assert "a-password" not in line and "#" in line and line.startswith("ACL SETUSER")
