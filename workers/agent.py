@@ -83,6 +83,7 @@ class Agent:
         self.sup = Supervisor(self.channel, work_dir, on_exits=self._on_exits,
                               grace_s=config.grace_s, isolation=self.isolation,
                               users=self.users.users, jobs_dir=self.jobs_dir)
+        self.sup.max_time_limit_s = config.max_time_limit_s  # (a longer record: held to it)
         self._lock = threading.RLock()  # one start/stop decision at a time
         self._local: dict[Key, RunningPart] = {}  # spawned and not yet reported ended
         self._stopping: set[Key] = set()

@@ -18,9 +18,9 @@ from broker.model import Instance, InstanceState, Node
 from broker.state import EvictionKind
 from broker.store import MemoryStore
 from broker.store.instances import block_key
+from broker.store.node_reports import DEFAULT_COOLDOWN_S
 from broker.waiting import poll_until
 from tests.fake_metadata import MetadataServer
-from broker.store.node_reports import DEFAULT_COOLDOWN_S
 from workers.channel import StoreChannel
 from workers.interruptions import (
     AwsNotices,
