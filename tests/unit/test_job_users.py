@@ -56,7 +56,7 @@ def test_each_team_gets_a_uid_of_its_own_kept_across_restarts(top: Path) -> None
     assert Path(a.home).stat().st_uid == a.uid and Path(a.home).stat().st_mode & 0o777 == 0o700
     again = JobUsers(str(top), uid_range=r, agent_uid=0)  # (a restarted agent)
     assert again.for_team("nlp").uid == b.uid and again.for_team("vision").uid == a.uid
-    with pytest.raises(ConfigError, match="all 3 uids of .* are taken; team 'speech'"):
+    with pytest.raises(ConfigError, match=r"all 3 uids of .* are taken; team 'speech'"):
         again.for_team("speech")
     assert oct(os.stat(top / "uids.json").st_mode & 0o777) == "0o600"
 
