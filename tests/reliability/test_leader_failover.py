@@ -114,3 +114,27 @@ def test_the_leader_killed_five_times_loses_and_doubles_nothing(cluster: Cluster
     assert len(killed) == KILLS
     assert all(not psutil.pid_exists(p.pid) or psutil.Process(p.pid).status() == "zombie"
                for p in killed)
+
+
+def test_reports_wait_for_a_scheduler_and_none_is_lost(cluster: Cluster) -> None:
+    """Agents never write job records: their reports wait in their nodes' streams while no
+    scheduler runs (killed here, with no standby), and the next one applies every one: jobs
+    that ran and ended meanwhile succeed with one attempt each, their GPUs come back."""
+    cluster._spawn("sched-0", "scheduler")
+    cluster.start_agent("n1", "4xA100-80GB")
+    jobs = cluster.client.submit_many([JobSpec(command=["sleep", "1"], gpus=1, name=f"w{i}")
+                                       for i in range(4)])
+    wait_until(lambda: all(cluster.client.get(j.id).state is JobState.RUNNING for j in jobs),
+               60, "the jobs to run")
+    cluster.kill("sched-0", signal.SIGKILL)
+    # they end with no scheduler: starts and ends wait in n1's stream, the records stand
+    wait_until(lambda: cluster.redis.xlen("sw:reports:n1") >= len(jobs), 30,
+               "the agent's end reports to wait")
+    assert all(cluster.client.get(j.id).state is JobState.RUNNING for j in jobs)
+    cluster._spawn("sched-1", "scheduler")
+    done = wait_until(lambda: _all_finished(cluster, [j.id for j in jobs]), 60,
+                      "the new leader to apply them")
+    assert [j.state for j in done] == [JobState.SUCCEEDED] * len(jobs)
+    assert [j.attempt for j in done] == [1] * len(jobs)
+    wait_until(lambda: cluster.redis.xlen("sw:reports:n1") == 0, 10, "the stream to drain")
+    assert not any(cluster.store.allocations().values())
