@@ -135,6 +135,8 @@ class NodeView:
     instance_id: str = ""  # the cloud machine it runs on ("" on-prem)
     price_per_hour: float | None = None  # that machine's price (None: on-prem or unknown)
     instance_age_s: float | None = None  # since that machine was requested
+    isolation: str = ""  # what keeps its jobs apart, as its agent says ("uid per team", or
+    # why not: "none: agent not root, jobs run as its user"; workers/users.py)
 
     @property
     def total(self) -> int:
@@ -151,6 +153,7 @@ class NodeView:
             "jobs": list(self.jobs), "lease_age_s": round(self.lease_age_s, 3),
             "lease_left_s": round(self.lease_left_s, 3), "cpus": self.cpus,
             "memory_gb": self.memory_gb, "labels": dict(self.labels),
+            **({"isolation": self.isolation} if self.isolation else {}),
             **({"instance_id": self.instance_id, "price_per_hour": self.price_per_hour,
                 "instance_age_s": None if self.instance_age_s is None
                 else round(self.instance_age_s, 3)} if self.instance_id else {}),
@@ -585,7 +588,7 @@ def _node_view(node: Node, held: Mapping[str, str], now: float, ttl: float) -> N
         gpus_free={k: free.get(k, 0) for k in sorted(total)},
         jobs=jobs, lease_age_s=max(0.0, now - (node.lease_expires - ttl)),
         lease_left_s=node.lease_expires - now, cpus=node.cpus, memory_gb=node.memory_gb,
-        labels=dict(node.labels),
+        labels=dict(node.labels), isolation=node.isolation,
     )
 
 

@@ -54,7 +54,8 @@ def status_data(client: Any) -> dict[str, Any]:
         "leader": None if leader is None else {"token": leader[0],
                                                "lease_left_s": round(leader[1], 3)},
         "nodes": [{"id": v.id, "state": v.state, "site": v.site, "gpus_free": v.free,
-                   "gpus_total": v.total, "drained_by": drained.get(v.id, "")}
+                   "gpus_total": v.total, "drained_by": drained.get(v.id, ""),
+                   "isolation": v.isolation}
                   for v in client.nodes()],
         "queue": list(queue.values()),
         "running": active["RUNNING"],
@@ -73,12 +74,14 @@ def status_screen(data: dict[str, Any]) -> Group:
                                     "red"))]
     nodes = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
                   title=f"Nodes ({len(data['nodes'])})", title_style="bold")
-    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "DRAINED BY"):
+    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "DRAINED BY", "JOBS ISOLATED"):
         nodes.add_column(col, no_wrap=True)
     for n in data["nodes"]:
         style = {"READY": "green", "DRAINING": "yellow"}.get(n["state"], "red")
+        iso = n.get("isolation") or "-"
         nodes.add_row(escape(n["id"]), Text(n["state"], style=style), escape(n["site"]),
-                      f"{n['gpus_free']}/{n['gpus_total']}", escape(n["drained_by"] or "-"))
+                      f"{n['gpus_free']}/{n['gpus_total']}", escape(n["drained_by"] or "-"),
+                      Text(iso, style="" if iso in ("uid per team", "-") else "yellow"))
     queue = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
                   title="Queue", title_style="bold")
     for col in ("CLASS", "PENDING", "OLDEST WAIT", "SLA"):

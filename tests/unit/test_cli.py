@@ -233,9 +233,9 @@ def test_status_shows_leader_nodes_queue_running_and_cloud(url: str) -> None:
     assert data["leader"]["token"] == token and 0 < data["leader"]["lease_left_s"] <= 10
     assert data["nodes"] == [
         {"id": "gpu01", "state": "READY", "site": "onprem", "gpus_free": 1, "gpus_total": 2,
-         "drained_by": ""},
+         "drained_by": "", "isolation": ""},
         {"id": "gpu02", "state": "DRAINING", "site": "onprem", "gpus_free": 1,
-         "gpus_total": 1, "drained_by": "alice"}]
+         "gpus_total": 1, "drained_by": "alice", "isolation": ""}]
     queue = {q["class"]: q for q in data["queue"]}
     assert list(queue) == ["critical", "high", "normal", "low"]
     assert queue["critical"]["pending"] == 2 and queue["normal"]["pending"] == 1
