@@ -251,7 +251,7 @@ def test_status_shows_leader_nodes_queue_running_and_cloud(url: str) -> None:
     assert f"Leader     {token}, lease" in out
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
     assert lines["gpu01"][1:4] == ["READY", "onprem", "1/2"]
-    assert lines["gpu02"][1:] == ["DRAINING", "onprem", "1/1", "alice"]
+    assert lines["gpu02"][1:] == ["DRAINING", "onprem", "1/1", "alice", "-"]
     # the oldest waited 10 minutes when submitted, and more by the time status ran (a loaded
     # machine can take seconds to get here)
     waited = re.fullmatch(r"10m(\d\d)s", lines["critical"][2])
