@@ -240,6 +240,9 @@ def test_units_restart_and_are_sandboxed(name: str, command: str) -> None:
     if command == "registrar":  # (a uid of its own: no other component reads its URL)
         assert svc["DynamicUser"] == "yes" and "User" not in svc
         assert svc["EnvironmentFile"] == "/etc/spillway/registrar.env"
+    elif command == "worker":  # (root: its jobs run as their teams' uids, workers/users.py)
+        assert svc["User"] == "root" and "--redis-url-file" in svc["ExecStart"]
+        assert svc["LoadCredential"].startswith("redis.url:")
     else:
         assert svc["User"] == "spillway"
     lines = (UNITS / name).read_text().splitlines()
