@@ -27,7 +27,11 @@ import logging
 import math
 import os
 import queue
+import re
+import secrets
 import selectors
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -69,6 +73,13 @@ _FORK_THREADS = 4  # a start batch's processes forked at once
 #: A gated part (:meth:`Supervisor._open_gate`) waits for one line on stdin, then runs the job
 #: with stdin from /dev/null; no line (the agent could not move it into its cgroup): exit 125.
 _GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
+#: A job dropped by setpriv (:meth:`Supervisor._dropped`) takes its environment, as its own
+#: user, from the file ``$1`` (in its team's 0700 home), then runs the job; gated, it first
+#: waits as above.
+_SOURCE = '. "$1" || exit 125; shift; exec "$@"'
+_SOURCE_GATED = 'read -r _ || exit 125; . "$1" || exit 125; shift; exec "$@" </dev/null'
+_SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def time_limit_for(value: object, most: float) -> tuple[float | None, str]:
@@ -123,6 +134,7 @@ class RunningPart:
     _logfile: Any = None
     _stale: bool = False
     _box: Any = None  # its workers.isolation.JobBox: cgroup and scratch directory
+    _env_file: str = ""  # the environment file of a job run through setpriv (removed at end)
 
     @property
     def settled(self) -> bool:
@@ -163,6 +175,26 @@ class PartStore(Protocol):
 
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
                     now: float) -> None: ...
+
+
+#: What glibc removes from a set-user-id program's environment (sysdeps/generic/unsecvars.h),
+#: and what a spec may not hand to ``setpriv`` running as root: the dynamic loader's, the C
+#: library's (locale, time zone, resolver, iconv, malloc, tunables) and every ``LD_``.
+_ROOT_UNSAFE = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+    "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZ",
+    "TZDIR", "LANGUAGE", "LC_ALL", "LANG", "HOME", "PATH", "IFS", "ENV", "BASH_ENV"})
+
+
+def _root_unsafe(name: str) -> bool:
+    return name in _ROOT_UNSAFE or name.startswith(("LD_", "MALLOC_", "LC_", "GLIBC_"))
+
+
+def _drop_env_file(part: RunningPart) -> None:
+    if part._env_file:
+        with contextlib.suppress(OSError):
+            os.unlink(part._env_file)
+        part._env_file = ""
 
 
 @dataclass
@@ -215,6 +247,7 @@ class Supervisor:
             os.chmod(self.jobs_dir, 0o711)  # jobs pass through to their directories, no more
             os.chmod(self.log_dir, 0o700)
         self._agent = agent_tag()
+        self._setpriv = shutil.which("setpriv") or ""  # (jobs as their users, vfork-style)
         self._lock = threading.Lock()
         self._parts: dict[Key, RunningPart] = {}  # written by the supervisor thread only
         self._cmds: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -346,13 +379,56 @@ class Supervisor:
             env.update(part._box.env())
         # No parent-death wrapper for a job in a cgroup that a live keeper will kill if the
         # agent dies (one exec less).
-        kept = part._box is not None and part._box.dirs and self.isolation is not None \
-            and self.isolation.kept()
+        kept = bool(part._box is not None and part._box.dirs and self.isolation is not None
+                    and self.isolation.kept())
+        if ident is not None and self._setpriv and (
+                not any(_root_unsafe(k) for k in job.spec.env) or all(
+                    _SHELL_NAME.match(k) and "\n" not in v for k, v in env.items())):
+            return self._dropped(part, job, ident, argv, cwd, env, kept, gated, program)
         prefix = [] if kept else self._prefix
         argv = prefix + argv
         if gated:
             argv = ["/bin/sh", "-c", _GATE, "sh", *argv]
         return _Launch(part, argv, cwd, env, job.spec.time_limit, program, ident, gated)
+
+    def _dropped(self, part: RunningPart, job: Job, ident: JobIdentity, argv: list[str],
+                 cwd: str, env: dict[str, str], kept: bool, gated: bool, program: str
+                 ) -> _Launch:
+        """A launch that switches to the job's user without forking the agent (a vfork,
+        as for jobs as the agent's user): the one program that runs as root is ``setpriv``,
+        which switches uid, gid and groups (and sets the parent-death signal), then runs the
+        job. It gets the job's environment only where the spec sets none of the variables a
+        C library or dynamic loader would act on in a root process (:func:`_root_unsafe`: the
+        ones glibc drops for a set-user-id program, and the like); otherwise it gets ``PATH``
+        alone and runs ``/bin/sh`` as the job's user, which reads the job's environment from
+        a file of the user's (0600, in its team's home) and runs the job. Nothing of the
+        spec that could act in a process of root's reaches one."""
+        groups = ["--groups", ",".join(map(str, ident.groups))] if ident.groups else \
+            ["--clear-groups"]
+        drop = [self._setpriv, "--reuid", str(ident.uid), "--regid", str(ident.gid), *groups,
+                *([] if kept else ["--pdeathsig", "KILL"]), "--"]
+        if not any(_root_unsafe(k) for k in job.spec.env):  # (the usual job: setpriv may
+            if gated:  # have its environment, as a set-user-id program would)
+                argv = ["/bin/sh", "-c", _GATE, "sh", *argv]
+            return _Launch(part, [*drop, *argv], cwd, env, job.spec.time_limit, program,
+                           None, gated)
+        name = f".spillway-env-{secrets.token_hex(8)}"
+        path = os.path.join(ident.home, name)
+        text = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, text.encode())
+                os.fchown(fd, ident.uid, ident.gid)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise StartError(f"cannot write the job's environment for its user: {e}") from None
+        part._env_file = path
+        script = _SOURCE_GATED if gated else _SOURCE
+        argv = [*drop, "/bin/sh", "-c", script, "sh", path, *argv]
+        return _Launch(part, argv, cwd, {"PATH": _SAFE_PATH}, job.spec.time_limit, program,
+                       None, gated)
 
     def _identity(self, job: Job) -> JobIdentity | None:
         """The user ``job`` runs as (None: the agent's); StartError if it has none."""
@@ -364,6 +440,7 @@ class Supervisor:
             raise StartError(f"no user for team {job.team!r} on this node: {e}") from None
 
     def _start_failed(self, part: RunningPart, message: str) -> None:
+        _drop_env_file(part)
         part.start_error, part.exit_code, part.reason = message, 127, "StartFailed"
         log.warning("job %s attempt %d rank %d: start failed: %s", part.job_id, part.attempt,
                     part.rank, message)
@@ -723,6 +800,7 @@ class Supervisor:
 
     def _ended(self, parts: list[RunningPart]) -> None:
         for part in parts:
+            _drop_env_file(part)
             try:
                 if part._box is not None:
                     part._box.release()  # no process of the part is left when its end is reported

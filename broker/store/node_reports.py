@@ -134,8 +134,15 @@ def apply(store: BaseStore, node_id: str, reports: Sequence[Report], now: float)
 
 def _apply_jobs(store: BaseStore, node_id: str, reports: Sequence[Report], out: Outcome
                 ) -> None:
+    # The node's check reads the copies this process last read or wrote (the snapshot's, as a
+    # rule: no read) where they are of the reported attempt (a part's node is fixed for its
+    # attempt, and the store's write proves the attempt); any other is read afresh
     ids = list(dict.fromkeys(r.job_id for r in reports))
-    jobs = {j.id: j for j in store.get_many(ids) if j is not None}
+    jobs = {j.id: j for j in store._cached_jobs(ids) if j is not None}
+    fresh = {r.job_id for r in reports
+             if r.job_id not in jobs or jobs[r.job_id].attempt != r.attempt}
+    if fresh:
+        jobs.update((j.id, j) for j in store.get_many(sorted(fresh)) if j is not None)
     events: list[tuple[str, int, JobEvent, float]] = []
     for r in reports:
         job = jobs.get(r.job_id)
@@ -159,8 +166,10 @@ def _refusal(job: Job | None, node_id: str, r: Report) -> str:
     """Why node ``node_id`` may not report ``r`` ("" if it may)."""
     if job is None:
         return ""  # (a job that is gone: the store answers JobNotFound, which is dropped)
-    if job.attempt != r.attempt:
+    if job.attempt > r.attempt:
         return ""  # stale: refused by the store's own rule, quietly
+    if job.attempt < r.attempt:
+        return f"a report on attempt {r.attempt} of job {job.id}, which is at {job.attempt}"
     if isinstance(r.event, Preempted):
         if node_id not in job.node_ids:
             return f"preempt of job {job.id}, which has no part on this node"

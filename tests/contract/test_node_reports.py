@@ -70,11 +70,18 @@ def test_own_reports_apply_once_and_a_repeat_changes_nothing(store: BaseStore) -
     assert out.applied == 0 and store.get(job_id) == done
 
 
-def test_a_stale_attempt_is_dropped_quietly(store: BaseStore) -> None:
+def test_a_stale_attempt_is_dropped_quietly_and_a_future_one_refused(store: BaseStore
+                                                                      ) -> None:
     live(store, node("n1"))
     job_id = placed(store, ("n1", ["n1-g0"]))
-    out = nr.apply(store, "n1", [Report(job_id, 7, Exited(0, 0), T0 + 1)], T0 + 1)
-    assert out.applied == 0 and not out.refused
+    nr.apply(store, "n1", [Report(job_id, 1, Preempted("priority", "drain"), T0 + 1),
+                           Report(job_id, 1, Exited(0, 143, "Stopped"), T0 + 1)], T0 + 1)
+    store.apply(Plan(starts=(start_of(store.get(job_id), ("n1", ["n1-g1"])),)), T0 + 2)
+    assert store.get(job_id).attempt == 2
+    out = nr.apply(store, "n1", [Report(job_id, 1, Exited(0, 0), T0 + 3)], T0 + 3)
+    assert out.applied == 0 and not out.refused  # (a late report of attempt 1)
+    out = nr.apply(store, "n1", [Report(job_id, 7, Exited(0, 0), T0 + 3)], T0 + 3)
+    assert out.applied == 0 and out.refused  # (no attempt 7 was placed anywhere)
     assert store.get(job_id).state is S.STARTING
 
 

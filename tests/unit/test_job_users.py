@@ -91,12 +91,17 @@ def test_jobs_go_where_their_users_can_reach(tmp_path: Path, top: Path) -> None:
 
 @ROOT_ONLY
 @pytest.mark.parametrize("gated", [False, True])
-def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path,
-                                                                  gated: bool) -> None:
-    """A job's LD_PRELOAD (a library an earlier job planted) loads only as the job's user:
-    the switch of uid, gid and groups happens in the forked child before exec, and where the
-    job must be moved into its cgroup by the agent (v2: ``gated``), its process waits as the
-    job's user at a gate, and nothing runs as root with the spec's environment."""
+@pytest.mark.parametrize("way", ["direct", "sourced", "forked"])
+def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path, gated: bool,
+                                                                  way: str) -> None:
+    """A job's LD_PRELOAD (a library an earlier job planted) loads only as the job's user,
+    every way a job is started: ``direct``, setpriv with the job's environment where the spec
+    sets nothing a C library acts on as root (no LD_PRELOAD then: the job just runs as its
+    user); ``sourced``, setpriv with PATH alone, the job's own environment read from a file
+    as its user; ``forked`` (an env name a shell cannot export), a forked child that switches
+    uid, gid and groups before exec. Where the job must be moved into its cgroup by the agent
+    (v2: ``gated``), its process waits as the job's user at a gate. Nothing runs as root with
+    the spec's environment."""
     from workers.isolation import detect
 
     if shutil.which("gcc") is None:
@@ -123,7 +128,8 @@ def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path,
     try:
         job = h.place(command='id -u; id -G; echo "home=$HOME"; cat /proc/self/cgroup; '
                               'test -w "$TMPDIR" && echo scratch-ok',
-                      env={"LD_PRELOAD": str(lib)})
+                      env={"direct": {"PLAIN": "1"}, "sourced": {"LD_PRELOAD": str(lib)},
+                           "forked": {"LD_PRELOAD": str(lib), "A.B": "1"}}[way])
         part = h.run(job)
         assert part.exit_code == 0, h.lines(job)
         uid = team_users.for_team(job.team).uid
@@ -133,7 +139,9 @@ def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path,
         if iso.node_dirs:
             assert any("users-test" in line for line in out)  # in its cgroup before it ran
         loads = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
-        assert loads and all(u == e == uid for u, e in loads), loads
+        assert all(u == e == uid for u, e in loads), loads
+        assert bool(loads) is (way != "direct")
+        assert not list(Path(top / "jobs" / "home" / str(uid)).glob(".spillway-env-*"))
     finally:
         h.sup.close()
         for d in iso.node_dirs:
