@@ -85,6 +85,8 @@ class RedisRecords(BaseStore):
         self._ack_script = self.redis.register_script(ACK_NODE)
         self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
         self._k_blocks = f"{p}blocks"
+        self._report_nodes: list[str] = []  # the nodes whose report streams the last take read
+        self._reports_done: dict[str, list[str]] = {}  # applied, deleted with the next take
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -186,27 +188,42 @@ class RedisRecords(BaseStore):
     def take_node_reports(self, limit: int = 1000) -> list[tuple[str, list[tuple[str, Any]]]]:
         """Each node's waiting reports, oldest first: (node id, [(entry id, fields)]), for
         the nodes in the node list and those that said hello (registered) since the last
-        call; two round trips."""
+        call. One round trip as a rule: the streams of the nodes known at the last call are
+        read with the node list, the hello stream and the deletion of what the last call
+        handed out (:meth:`done_node_reports`: once applied); a node seen for the first time
+        costs a second."""
         pipe = self.redis.pipeline(transaction=False)
+        for node_id, done in self._reports_done.items():
+            pipe.xdel(self._k_reports(node_id), *done)
         pipe.zrange(self._k_nodes, 0, -1)
         pipe.xrange(self._k_hello, count=limit)
-        members, hello = pipe.execute()
+        known = list(self._report_nodes)
+        for node_id in known:
+            pipe.xrange(self._k_reports(node_id), count=limit)
+        replies = pipe.execute()[len(self._reports_done):]
+        self._reports_done = {}
+        members, hello, got = replies[0], replies[1], replies[2:]
         ids = list(dict.fromkeys([_str(m) for m in members] +
                                  [_str(f.get(b"n", b"")) for _, f in hello]))
         ids = [i for i in ids if i]
+        read = dict(zip(known, got))
+        new = [i for i in ids if i not in read]
         pipe = self.redis.pipeline(transaction=False)
-        for node_id in ids:
+        for node_id in new:
             pipe.xrange(self._k_reports(node_id), count=limit)
         if hello:
             pipe.xdel(self._k_hello, *[e for e, _ in hello])
-        replies = pipe.execute()
-        return [(node_id, [(_str(e), f) for e, f in entries])
-                for node_id, entries in zip(ids, replies) if entries]
+        if new or hello:
+            read.update(zip(new, pipe.execute()))
+        self._report_nodes = ids
+        return [(node_id, [(_str(e), f) for e, f in read[node_id]])
+                for node_id in ids if read.get(node_id)]
 
     def done_node_reports(self, node_id: str, entry_ids: Sequence[str]) -> None:
-        """Delete reports once applied."""
+        """Delete reports once applied: with the next call's reads (a leader that dies
+        before leaves them to the next, which applies them again, harmlessly)."""
         if entry_ids:
-            self.redis.xdel(self._k_reports(node_id), *entry_ids)
+            self._reports_done.setdefault(node_id, []).extend(entry_ids)
 
     def _ack_node(self, node_id: str, incarnation: str) -> bool:
         return bool(self._ack_script([self._k_node(node_id), self._k_nodes, self._k_node_seq],
