@@ -135,12 +135,14 @@ def apply(store: BaseStore, node_id: str, reports: Sequence[Report], now: float)
 def _apply_jobs(store: BaseStore, node_id: str, reports: Sequence[Report], out: Outcome
                 ) -> None:
     # The node's check reads the copies this process last read or wrote (the snapshot's, as a
-    # rule: no read) where they are of the reported attempt (a part's node is fixed for its
-    # attempt, and the store's write proves the attempt); any other is read afresh
+    # rule: no read) where they hold the reported attempt placed (a part's node is fixed for
+    # its attempt, and the store's write proves the attempt); the others, and any copy the
+    # check would refuse a report by, are read afresh
     ids = list(dict.fromkeys(r.job_id for r in reports))
     jobs = {j.id: j for j in store._cached_jobs(ids) if j is not None}
     fresh = {r.job_id for r in reports
-             if r.job_id not in jobs or jobs[r.job_id].attempt != r.attempt}
+             if r.job_id not in jobs or jobs[r.job_id].attempt != r.attempt
+             or not jobs[r.job_id].allocations or _refusal(jobs[r.job_id], node_id, r)}
     if fresh:
         jobs.update((j.id, j) for j in store.get_many(sorted(fresh)) if j is not None)
     events: list[tuple[str, int, JobEvent, float]] = []
@@ -153,13 +155,13 @@ def _apply_jobs(store: BaseStore, node_id: str, reports: Sequence[Report], out: 
             continue
         if isinstance(r.event, Preempted):
             if events:  # (its part's earlier reports first)
-                _report(store, events, out)
+                _report(store, node_id, events, out)
                 events = []
             _preempt(store, node_id, r, out)
         elif isinstance(r.event, (Started, Exited, StartFailed)):
             events.append((r.job_id, r.attempt, r.event, r.time))
     if events:
-        _report(store, events, out)
+        _report(store, node_id, events, out)
 
 
 def _refusal(job: Job | None, node_id: str, r: Report) -> str:
@@ -181,11 +183,14 @@ def _refusal(job: Job | None, node_id: str, r: Report) -> str:
     return ""
 
 
-def _report(store: BaseStore, events: list[tuple[str, int, JobEvent, float]], out: Outcome
-            ) -> None:
+def _report(store: BaseStore, node_id: str, events: list[tuple[str, int, JobEvent, float]],
+            out: Outcome) -> None:
     for (job_id, _, event, _), result in zip(events, store.report_many(events)):
-        if isinstance(result, (StaleAttempt, JobNotFound)):
-            log.info("report of %s dropped: %s", job_id, result)
+        if isinstance(result, StaleAttempt):  # (a node back from a partition, as a rule)
+            log.warning("a report of node %s dropped: %s", node_id, result)
+            continue
+        if isinstance(result, JobNotFound):
+            log.info("a report of node %s dropped: %s", node_id, result)
             continue
         if isinstance(result, Exception):
             log.warning("report of %s not applied: %s", job_id, result)
