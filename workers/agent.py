@@ -543,9 +543,17 @@ def _hard_stop_on_second_signal(agent: Agent) -> None:
 
 def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     """A Celery worker in this (main) thread: solo pool, only this node's queue."""
+    import warnings
+
     from celery import platforms
+    from celery.exceptions import SecurityWarning
     from celery.signals import setup_logging
     from kombu import Queue
+
+    # Celery warns a worker that runs as root to use --uid, an option `spillway worker` does
+    # not have: the agent runs as root on purpose, and its jobs as their teams' users
+    # (workers/users.py says so at start)
+    warnings.filterwarnings("ignore", category=SecurityWarning)
 
     # A receiver on setup_logging tells Celery to leave the agent's logging configuration alone.
     setup_logging.connect(_keep_logging, weak=False)
