@@ -260,3 +260,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 0 if item.nodeid.startswith("tests/reliability/") else 1
 
     items.sort(key=rank)  # (stable: the collection order within each rank)
+
+
+@pytest.fixture
+def passable_tmp() -> Iterator[Any]:
+    """A temporary directory every user may pass through (mode 0711; pytest's tmp_path is
+    root's, 0700), for jobs that run as other users; removed after the test."""
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp(prefix="spillway-users-"))
+    os.chmod(d, 0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

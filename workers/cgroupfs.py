@@ -56,26 +56,21 @@ def parent_name() -> str:
 def make_v1(root: str, node: str) -> list[str]:
     """``<root>/<c>/spillway/<node>`` for each v1 controller (:func:`parent_name`); OSError
     saying what is missing."""
-    dirs = []
-    for c in keeper.V1_CONTROLLERS:
-        h = os.path.join(root, c)
-        if not os.path.exists(os.path.join(h, "cgroup.procs")):
-            raise OSError(f"the {c} hierarchy is not mounted at {h}")
-        d = os.path.join(h, parent_name(), node)
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError as e:
-            raise OSError(f"cannot create {d}: {e.strerror}") from None
-        dirs.append(d)
-    return dirs
+    return [_v1_node_dir(root, c, "cgroup.procs", node) for c in keeper.V1_CONTROLLERS]
 
 
 def make_v1_devices(root: str, node: str) -> str:
     """``<root>/devices/spillway/<node>``: the optional devices hierarchy's node directory;
     OSError saying what is missing."""
-    h = os.path.join(root, V1_DEVICES)
-    if not os.path.exists(os.path.join(h, "devices.allow")):
-        raise OSError(f"the devices hierarchy is not mounted at {h}")
+    return _v1_node_dir(root, V1_DEVICES, "devices.allow", node)
+
+
+def _v1_node_dir(root: str, controller: str, marker: str, node: str) -> str:
+    """``<root>/<controller>/<parent>/<node>``, made; OSError if the hierarchy (its
+    ``marker`` file) is not there or the directory cannot be made."""
+    h = os.path.join(root, controller)
+    if not os.path.exists(os.path.join(h, marker)):
+        raise OSError(f"the {controller} hierarchy is not mounted at {h}")
     d = os.path.join(h, parent_name(), node)
     try:
         os.makedirs(d, exist_ok=True)

@@ -14,9 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -177,14 +175,8 @@ def _fenceable() -> str:
 
 
 @pytest.fixture
-def top() -> Iterator[Path]:
-    """A directory every user may pass through (pytest's are root's, 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="spillway-tenants-"))
-    os.chmod(d, 0o711)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def top(passable_tmp: Path) -> Path:
+    return passable_tmp
 
 
 def test_a_job_reaches_nothing_of_its_agent_its_neighbour_root_or_redis(

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from broker.client import Client
 from broker.config import Config
 from broker.tokens import TokenStore
+from tests.asgi import call_asgi
 from tests.conftest import flushed_db
 
 pytestmark = pytest.mark.slow
@@ -87,34 +88,7 @@ def app_and_tokens(redis_url: str) -> Iterator[tuple[Any, dict[str, str]]]:
 
 async def _call(app: Any, method: str, path: str, query: str, body: bytes,
                 token: str) -> tuple[int, bytes]:
-    headers = [(b"host", b"test"), (b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    if token:
-        headers.append((b"authorization", f"Bearer {token}".encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": method, "scheme": "https", "path": path,
-             "raw_path": quote(path).encode(), "query_string": query.encode(),
-             "headers": headers, "client": ("127.0.0.1", 1), "server": ("test", 443),
-             "root_path": ""}
-    sent = False
-    status, chunks = 0, []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.sleep(3600)  # (a disconnect would come here)
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(msg: dict[str, Any]) -> None:
-        nonlocal status
-        if msg["type"] == "http.response.start":
-            status = msg["status"]
-        elif msg["type"] == "http.response.body":
-            chunks.append(msg.get("body", b""))
-
-    await asyncio.wait_for(app(scope, receive, send), 30)
-    return status, b"".join(chunks)
+    return await call_asgi(app, method, path, body, token, query)
 
 
 @settings(max_examples=2000, deadline=None, derandomize=True,

@@ -7,8 +7,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +21,8 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="only root runs jobs as
 
 
 @pytest.fixture
-def top() -> Iterator[Path]:
-    """A directory other users may pass through (pytest's tmp_path is root's, 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="spillway-users-"))
-    os.chmod(d, 0o711)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def top(passable_tmp: Path) -> Path:
+    return passable_tmp
 
 
 @pytest.mark.parametrize(("text", "ok"), [
