@@ -22,9 +22,8 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,8 @@ from broker.config import Config
 from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
+from tests.unit.test_isolation import wait_for
+from tests.unit.test_isolation_v2 import cgroup2_mount
 from workers import cgroupfs, devbpf, devices, keeper
 from workers.agent import Agent
 from workers.devices import Rule
@@ -332,14 +333,6 @@ def test_v1_job_opens_its_gpu_and_not_the_other(v1: Isolation, gpu_nodes: dict[i
     assert not any(os.path.exists(d) for d in box.dirs + other.dirs)
 
 
-def wait_for(pred: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def test_the_runner_fences_a_job_to_the_gpus_it_was_given(v1: Isolation,
                                                           gpu_nodes: dict[int, str]) -> None:
     """Through the supervisor, as the agent starts a job: the part's gpu_ids reach its cgroup,
@@ -377,14 +370,6 @@ def test_the_agent_gives_its_isolation_the_nodes_gpus(tmp_path: Path) -> None:
         agent.close()
         for d in agent.isolation.node_dirs:
             keeper.remove(d, wait_s=0)
-
-
-def cgroup2_mount() -> str | None:
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[2] == "cgroup2" and os.access(parts[1], os.W_OK):
-            return parts[1]
-    return None
 
 
 def test_v2_device_program_fences_a_job(tmp_path: Path, gpu_nodes: dict[int, str]) -> None:
