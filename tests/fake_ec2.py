@@ -8,7 +8,10 @@ HTTP status, the way the real endpoint answers. It counts the requests it saw an
 served, per action.
 
 moto keeps its state per process, not per server: every server a test process starts shows the
-same instances, so each test tags its machines with a cluster name of its own.
+same instances, and they outlive the server (a second ``pytest.main`` in the same process, as
+mutation testing runs, would find the first run's instances and instance profiles). So
+:func:`moto_ec2` starts and leaves moto empty, :func:`reset_moto` empties it between the tests
+that share one server, and each test still tags its machines with a cluster name of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import collections
 import contextlib
 import http.client
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,19 +130,32 @@ class FaultProxy:
         self._server.server_close()
 
 
+def reset_moto(moto_url: str) -> None:
+    """Empty every moto backend of this process (EC2, IAM, ...: moto's reset API), the way a
+    fresh process starts."""
+    request = urllib.request.Request(f"{moto_url}/moto-api/reset", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        answer.read()
+
+
 @contextlib.contextmanager
 def moto_ec2() -> Iterator[tuple[str, FaultProxy]]:
     """moto's EC2 server on a free port, and a fault proxy in front of it: yields (moto's
-    URL, the proxy). Clients that should meet faults use ``proxy.url``."""
+    URL, the proxy). Clients that should meet faults use ``proxy.url``. moto is empty when it
+    is handed over, and emptied again before the server stops."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    url = f"http://127.0.0.1:{port}"
     proxy = FaultProxy(f"127.0.0.1:{port}").start()
     try:
-        yield f"http://127.0.0.1:{port}", proxy
+        reset_moto(url)
+        yield url, proxy
     finally:
+        with contextlib.suppress(OSError):
+            reset_moto(url)
         proxy.stop()
         server.stop()
 

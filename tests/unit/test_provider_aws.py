@@ -30,7 +30,7 @@ from providers.base import (
     Stop,
     make_provider,
 )
-from tests.fake_ec2 import AWS_TEST_ENV, FaultProxy, moto_ec2
+from tests.fake_ec2 import AWS_TEST_ENV, FaultProxy, moto_ec2, reset_moto
 
 AMI = "ami-12c6146b"  # any id: moto does not check AMIs unless told to
 
@@ -47,8 +47,11 @@ def ec2_server() -> Iterator[tuple[str, FaultProxy]]:
 @pytest.fixture
 def proxy(ec2_server: tuple[str, FaultProxy], monkeypatch: pytest.MonkeyPatch
           ) -> Iterator[FaultProxy]:
+    """The module's server, moto emptied for this test (the instances, VPCs and instance
+    profiles that another test made are gone, whatever ran before)."""
     for k, v in AWS_TEST_ENV.items():
         monkeypatch.setenv(k, v)
+    reset_moto(ec2_server[0])
     p = ec2_server[1]
     yield p
     for action in ("RunInstances", "DescribeInstances", "TerminateInstances"):
