@@ -136,12 +136,47 @@ def _redis_hint(ctx: typer.Context) -> str:
             "or point --redis-url / SPILLWAY_REDIS_URL at a running server")
 
 
+# Click's usage errors, whichever Click Typer runs on (recent Typer carries its own copy,
+# older ones use Click itself): an unknown option, a value it cannot take, a missing argument
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__
+                                   if c.__name__ == "UsageError")
+# (Click >= 8.2, Typer's copy: a group run without a command; its help is the answer)
+_HELP_ASKED: tuple[type[Exception], ...] = tuple(
+    t for t in (getattr(sys.modules[UsageError.__module__], "NoArgsIsHelpError", None),)
+    if t is not None)
+
+
+def usage_error(e: Exception) -> typer.Exit:
+    """A usage error as one line, like every other bad input, instead of Typer's boxed panel
+    under a usage line: ``error: invalid value for '--limit': ...; see 'spillway queue -h'``."""
+    message = " ".join(str(getattr(e, "format_message", e.__str__)()).split())
+    if message[:2].istitle():  # ("Invalid value ...", "No such option ...", not "ID ...")
+        message = message[0].lower() + message[1:]
+    ctx = getattr(e, "ctx", None)
+    where = f"; see '{ctx.command_path} -h'" if ctx is not None else ""
+    err.print(f"[red]error:[/] {escape(message.rstrip('.'))}{escape(where)}")
+    return typer.Exit(int(getattr(e, "exit_code", EXIT_SPEC)))
+
+
 class SpillwayGroup(TyperGroup):
     """Turns Spillway's errors into one clear line and an exit code, never a traceback."""
+
+    def make_context(self, info_name: str | None, args: list[str],  # type: ignore[override]
+                     parent: Any = None, **extra: Any) -> Any:
+        try:  # (the root's own options: `spillway --nope`)
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _HELP_ASKED:
+            raise
+        except UsageError as e:
+            raise usage_error(e) from None
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
+        except _HELP_ASKED:
+            raise
+        except UsageError as e:  # (a command's options, parsed as it is invoked)
+            raise usage_error(e) from None
         except SpecError as e:
             show_spec_error(e, ctx.invoked_subcommand)
             raise typer.Exit(EXIT_SPEC) from None

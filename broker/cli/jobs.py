@@ -30,6 +30,10 @@ from broker.model import Job, JobSpec
 from broker.state import ACTIVE, JobState
 
 Opt = typer.Option
+# A JobSpec's numbers come in as text and are checked with the rest of the spec (`--gpus two`:
+# "gpus: 'two' is not a whole number", with every other problem at once, as for `--gpus -1`);
+# the help still names the type each takes
+INTEGER, FLOAT = "INTEGER", "FLOAT"
 
 # CLI option -> JobSpec field, for the options that map one to one.
 _FIELDS = {
@@ -62,19 +66,20 @@ def submit(
                                                  "(run with /bin/sh -c).")] = None,
     file: Annotated[Path | None, Opt("-f", "--file", help="A YAML file of JobSpec fields; "
                                                           "options override it.")] = None,
-    gpus: Annotated[int | None, Opt("--gpus", "-g", help="GPUs per node (0-64) (default: 1)",
-                                    show_default=False)] = None,
+    gpus: Annotated[str | None, Opt("--gpus", "-g", help="GPUs per node (0-64) (default: 1)",
+                                    metavar=INTEGER, show_default=False)] = None,
     gpu_type: Annotated[list[str] | None, Opt(
         "--gpu-type", help="Allowed GPU family or model (A100, H100-80GB...); repeatable.")] = None,
-    min_gpu_memory: Annotated[float | None, Opt("--min-gpu-memory",
-                                                help="Minimum GB per GPU.")] = None,
+    min_gpu_memory: Annotated[str | None, Opt("--min-gpu-memory", metavar=FLOAT,
+                                              help="Minimum GB per GPU.")] = None,
     mig: Annotated[str | None, Opt("--mig", help="MIG profile (1g.10gb...); then --gpus "
                                                  "counts MIG instances.")] = None,
-    cpus: Annotated[float | None, Opt("--cpus", help="CPUs per node (default: 1)",
-                                      show_default=False)] = None,
-    memory: Annotated[float | None, Opt("--memory", help="Memory per node, GB.")] = None,
-    nodes: Annotated[int | None, Opt("--nodes", help="Nodes (a gang when > 1) (default: 1)",
-                                     show_default=False)] = None,
+    cpus: Annotated[str | None, Opt("--cpus", help="CPUs per node (default: 1)",
+                                    metavar=FLOAT, show_default=False)] = None,
+    memory: Annotated[str | None, Opt("--memory", metavar=FLOAT,
+                                      help="Memory per node, GB.")] = None,
+    nodes: Annotated[str | None, Opt("--nodes", help="Nodes (a gang when > 1) (default: 1)",
+                                     metavar=INTEGER, show_default=False)] = None,
     priority: Annotated[str | None, Opt("--priority", "-p",
                                         help="Priority class (critical, high, normal, low).")
                         ] = None,
@@ -88,8 +93,8 @@ def submit(
                                               help="Where the job saves checkpoints.")] = None,
     sites: Annotated[str | None, Opt("--sites", help="Comma list of onprem, cloud, spot.")
                      ] = None,
-    max_price: Annotated[float | None, Opt("--max-price",
-                                           help="Most dollars per hour to pay in the cloud.")
+    max_price: Annotated[str | None, Opt("--max-price", metavar=FLOAT,
+                                         help="Most dollars per hour to pay in the cloud.")
                          ] = None,
     env: Annotated[list[str] | None, Opt("--env", "-e", help="KEY=VALUE; repeatable.")] = None,
     label: Annotated[list[str] | None, Opt("--label", help="KEY=VALUE; repeatable.")] = None,

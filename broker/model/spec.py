@@ -281,11 +281,16 @@ class JobSpec(BaseModel):
     @field_validator("sites", mode="before")
     @classmethod
     def _sites(cls, v: Any) -> tuple[str, ...]:
-        items = _items(v or (), f"sites, e.g. [onprem, cloud]; allowed: {', '.join(SITES)}")
+        # (the allowed sites follow every message: _ALLOWED_HINT)
+        items = _items(v or (), "sites, e.g. [onprem, cloud]")
         parts = [p.strip().lower() for item in items for p in str(item).split(",") if p.strip()]
-        bad = [p for p in parts if p not in SITES]
-        if bad or not parts:
-            raise ValueError(f"{bad or 'empty'} not allowed; choose from {', '.join(SITES)}")
+        bad = list(dict.fromkeys(p for p in parts if p not in SITES))
+        if len(bad) == 1:
+            raise ValueError(f"{_shown(bad[0])} is not a site")
+        if bad:
+            raise ValueError(f"{', '.join(_shown(b) for b in bad)} are not sites")
+        if not parts:
+            raise ValueError("is empty; name at least one site")
         return tuple(dict.fromkeys(parts))
 
     @field_validator("max_price_per_hour")
@@ -435,6 +440,11 @@ def _merged(errors: list[FieldError]) -> list[FieldError]:
     return list(out.values())
 
 
+# pydantic's errors for a text that is not the number a field takes, said with the value
+_NOT_A_NUMBER = {"int_parsing": "is not a whole number", "int_from_float": "is not a whole number",
+                 "float_parsing": "is not a number"}
+
+
 def _field_error(err: Mapping[str, Any]) -> FieldError:
     parts = [str(p) for p in err.get("loc", ()) if not str(p).startswith("function-")]
     msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
@@ -446,11 +456,14 @@ def _field_error(err: Mapping[str, Any]) -> FieldError:
     # list[constrained-str], str, constrained-str, ...); name the field itself.
     loc = re.sub(r"\.((list|dict|tuple)\[[^\]]*\]|[a-z-]*str|int|float|bool)(\.\d+)?$", "",
                  loc) or "spec"
-    if err.get("type") == "extra_forbidden":
+    kind = err.get("type")
+    if kind in _NOT_A_NUMBER and "input" in err:  # (`--gpus two`: the value, in words)
+        msg = f"{_shown(err['input'])} {_NOT_A_NUMBER[str(kind)]}"
+    if kind == "extra_forbidden":
         close = difflib.get_close_matches(loc, list(JobSpec.model_fields), n=1)
         msg = "is not a JobSpec field" + (f"; did you mean {close[0]}?" if close else "")
         allowed = ", ".join(JobSpec.model_fields)
-    elif err.get("type") == "missing":
+    elif kind == "missing":
         msg = "is required"
         allowed = ""
     else:

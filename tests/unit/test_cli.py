@@ -159,6 +159,70 @@ def test_bad_state_filter_is_exit_2(url: str) -> None:
     assert code == 2 and "state:" in err
 
 
+SPEC_HEAD = "invalid job spec (1 problem(s)); nothing was submitted:\n"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--gpus", "two"], "gpus: 'two' is not a whole number (allowed: 0..64 per node)"),
+    (["--nodes", "1.5"], "nodes: '1.5' is not a whole number (allowed: 1..1024)"),
+    (["--cpus", "lots"], "cpus: 'lots' is not a number (allowed: >= 0)"),
+    (["--max-price", "cheap"],
+     "max_price_per_hour: 'cheap' is not a number (allowed: dollars per hour > 0)"),
+    (["--sites", "nowhere"], "sites: 'nowhere' is not a site (allowed: onprem, cloud, spot)"),
+    (["--sites", "mars,onprem,venus"],
+     "sites: 'mars', 'venus' are not sites (allowed: onprem, cloud, spot)"),
+    (["--sites", " , "], "sites: is empty; name at least one site (allowed: onprem, cloud, "
+                         "spot)"),
+])
+def test_a_bad_number_or_site_is_one_line_of_the_spec_error(url: str, args: list[str],
+                                                            line: str) -> None:
+    """`--gpus two` is a spec error like `--gpus -1` (no boxed usage panel), and a site error
+    names the allowed sites once."""
+    code, out, err = cli("submit", *args, "--", "true", url=url)
+    assert (code, out, err) == (2, "", f"{SPEC_HEAD}  {line}\n")
+
+
+def test_every_bad_option_of_a_submit_is_said_at_once(url: str) -> None:
+    code, _, err = cli("submit", "--gpus", "two", "--sites", "nowhere", "--", "true", url=url)
+    assert code == 2 and err == (
+        "invalid job spec (2 problem(s)); nothing was submitted:\n"
+        "  gpus: 'two' is not a whole number (allowed: 0..64 per node)\n"
+        "  sites: 'nowhere' is not a site (allowed: onprem, cloud, spot)\n")
+
+
+def test_numbers_given_as_options_are_numbers_in_the_spec(url: str) -> None:
+    code, out, _ = cli("submit", "--gpus", "2", "--nodes", "1", "--cpus", "1.5", "--memory",
+                       "8", "--max-price", "2.5", "--min-gpu-memory", "40", "--json", "--",
+                       "true", url=url)
+    assert code == 0, out
+    spec = json.loads(out)["spec"]
+    assert [spec[k] for k in ("gpus", "nodes", "cpus", "memory_gb", "max_price_per_hour",
+                              "min_gpu_memory_gb")] == [2, 1, 1.5, 8.0, 2.5, 40.0]
+    assert isinstance(spec["gpus"], int) and isinstance(spec["nodes"], int)
+
+
+@pytest.mark.parametrize(("args", "pattern"), [
+    (["--nope"], r"error: no such option: --nope; see 'spillway -h'"),
+    (["submit", "--nope", "--", "true"],
+     r"error: no such option: --nope \(.*\); see 'spillway submit -h'"),
+    (["queue", "--limit", "x"], r"error: invalid value for '--limit': .+; see 'spillway queue -h'"),
+    (["queue", "--page", "0"], r"error: invalid value for '--page': .+; see 'spillway queue -h'"),
+    (["show"], r"error: missing argument 'JOB'; see 'spillway show -h'"),
+    (["budget", "set"], r"error: missing argument 'team'; see 'spillway budget set -h'"),
+])
+def test_a_usage_error_is_one_line(url: str, args: list[str], pattern: str) -> None:
+    """Click's usage errors, in any command, as one `error:` line (exit 2), not Typer's
+    boxed panel under a usage line."""
+    code, out, err = cli(*args, url=url)
+    assert code == 2 and out == ""
+    assert re.fullmatch(pattern + r"\n", err), err
+
+
+def test_a_group_without_its_command_still_shows_its_help() -> None:
+    _, out, err = cli("budget")
+    assert "Usage" in out + err and "set" in out + err and "error:" not in out + err
+
+
 def test_no_redis_url_says_what_to_do() -> None:
     code, out, err = cli("queue")
     assert code == 1
