@@ -109,7 +109,10 @@ def plan(forecast: Steps, now: float, work_s: float, latest_end: float, start_by
         return None
     slots = math.floor((latest_end - now) / step + 1e-9)
     k = slots_for(work_s, step)
-    last_start = min(slots - k, math.floor((start_by - now) / step + 1e-9))
+    by = (start_by - now) / step + 1e-9
+    if by < 0:  # (also an unknown work's -inf: it must have started already)
+        return None
+    last_start = min(slots - k, math.floor(min(by, slots)))
     if slots < k or last_start < 0:
         return None  # it cannot finish in time even now: run as soon as possible
     if last_start == 0 and (not interruptible or slots == k):

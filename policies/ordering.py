@@ -75,10 +75,17 @@ def multifactor(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
                                        j.submitted_at, j.id))
 
 
+def order_size(job: Job) -> int:
+    """The size spillway's order weighs a job by: its GPUs, and one for a job that needs none
+    (a CPU-only job ranks as a one-GPU job of the same runtime: the smallest size there is,
+    never a zero that the expected slowdown would divide by)."""
+    return max(1, job.res.total_gpus)
+
+
 SPILLWAY_DEFAULTS: dict[str, Any] = {
     "min_estimate_s": 60.0,  # an estimate below this counts as this (bounds the slowdown)
     "order_quantile": 0.5,  # rank by the predicted median runtime (backfill uses the p90)
-    "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this
+    "size_exponent": 1.0,  # the estimate counts GPU-seconds: runtime x GPUs ** this (>= 1 GPU)
     "runtime_exponent": 1.0,  # < 1 ages long jobs relatively faster
     "fairshare_weight": 1.0,  # fair share scales the score by (0.5 + F) ** weight
     "fairshare_tier": 0.95,  # teams whose fair-share factor is at least this go first (0: off)
@@ -121,7 +128,8 @@ def spillway(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
        rarely lifts a light team's day-long job past a stream of short ones from heavier
        teams: its expected slowdown rises slowly);
     4. the highest expected slowdown if started now, ``1 + wait / (runtime x GPUs)``, with the
-       runtime the predictor's median, scaled by ``(0.5 + F)`` and the class weight: the
+       runtime the predictor's median and a CPU-only job counted as one GPU (:func:`order_size`),
+       scaled by ``(0.5 + F)`` and the class weight: the
        smallest jobs go first, and every job's priority keeps rising while it waits (with
        ``starve_after_s`` set, a job that waited that long goes ahead of its tier, oldest
        first);
@@ -167,7 +175,7 @@ def spillway(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
         """class weight / effective estimate: how fast the job's score rises while it waits
         (stored until the predictor refreshes its estimate; looked up below)."""
         e = median(j)
-        e = max(floor, e if e < math.inf else week) ** rexp * j.res.total_gpus ** sexp
+        e = max(floor, e if e < math.inf else week) ** rexp * order_size(j) ** sexp
         r = cw.get(j.priority, 1.0) / e
         if len(memo) > 200_000:
             memo.clear()

@@ -200,3 +200,12 @@ def test_a_running_checkpointed_job_pauses_through_a_dirty_peak(
     if paused:
         assert "pausing for cleaner power in DE until" in \
             plan_.preemptions[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_plan_that_must_have_started_already_is_none() -> None:
+    """A deadline job of unknown runtime and no time limit: its latest start is -inf (it
+    overflowed the slot arithmetic; issue 36's property test found it)."""
+    steps = [(h * H, 100.0 + h) for h in range(48)]
+    assert plan(steps, 0.0, 5 * H, 40 * H, float("-inf"), True, step=H) is None
+    assert plan(steps, 0.0, 5 * H, 40 * H, -1.0, True, step=H) is None
+    assert plan(steps, 0.0, 5 * H, 40 * H, float("inf"), True, step=H) is not None

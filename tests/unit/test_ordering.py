@@ -262,3 +262,18 @@ def test_spillway_holder_keeps_the_reservation_through_a_cycle() -> None:
     held = run_cycle(replace(base, reservation=replace(first.reservation, job_id="long")), policy)
     assert held.order == ("long", "short")
     assert held.reservation is not None and held.reservation.job_id == "long"
+
+
+# -- CPU-only jobs (issue 36: a --gpus 0 job stopped every cycle) ----------------------------------
+
+
+@pytest.mark.parametrize("name", ["fifo", "priority-fifo", "multifactor", "spillway"])
+def test_a_cpu_only_job_is_ordered_like_a_one_gpu_job(name: str) -> None:
+    """Spillway's expected slowdown counts a CPU-only job as one GPU (it divided by zero);
+    the other orders never divided by its GPUs."""
+    cpu, one = mk("cpu", ago=DAY, limit=3600, gpus=0), mk("one", ago=DAY, limit=3600)
+    jobs = [cpu, one, mk("big", ago=DAY, limit=3600, gpus=8)]
+    order = ordered(name, jobs)
+    assert sorted(order) == ["big", "cpu", "one"]
+    if name == "spillway":  # same score as the 1-GPU job: then submit time, then id
+        assert order.index("cpu") < order.index("big")
