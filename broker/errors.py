@@ -48,6 +48,12 @@ class InvalidTransition(SpillwayError):
         super().__init__(f"{what} {job_id}: illegal state change {src} -> {dst}")
 
 
+class CycleFailed(SpillwayError):
+    """A scheduling cycle could not complete: its policies kept failing on jobs, pass after
+    pass (broker/scheduler.py ``run_cycle``). The scheduler counts it as a failed cycle and
+    runs the next; the cause is the first exception of the last pass."""
+
+
 class StoreError(SpillwayError):
     """Base of store errors."""
 

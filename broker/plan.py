@@ -152,6 +152,21 @@ class Plan:
     # behind a job left waiting (strict order, arrivals last, nothing evicts). The simulator
     # skips cycles until one; production runs a cycle every cycle_s anyway
     until_event: bool = False
+    # job id -> why it was set aside this cycle: a policy raised an exception deciding about it
+    # (each is also in ``pending``, with the ``PolicyError`` reason); the others were planned
+    # without them (broker/scheduler.py run_cycle)
+    set_aside: Mapping[str, SetAside] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A job a policy failed on, set aside for one cycle: the policy (its role and registered
+    name), the exception (type, message, where raised) and the job's ``PolicyError`` reason."""
+
+    role: str
+    policy: str
+    error: str
+    reason: Reason
 
 
 @dataclass(frozen=True)

@@ -14,43 +14,97 @@ The recipe and the cycle's state only; every decision is a registered policy
     5b budget   keep those launches within the teams' caps           (budget)
     6 defer     hold deferrable work for a cleaner window            (defer: carbon...)
     7 plan      a reason for every job left pending, the reservation, wake_at
+
+A policy that fails on one job does not stop the cycle: the job is set aside with a
+``PolicyError`` reason naming the policy and the exception, and the cycle is run again without
+it (:func:`run_cycle`; docs/policies.md, "A cycle never dies of one job", draws the boundary).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
+from types import CodeType
 from typing import Any
 
+from broker.errors import CycleFailed
 from broker.model import Allocation, Job, Reason
-from broker.plan import Launch, Plan, Preempt, Snapshot, Start, Terminate
+from broker.plan import Launch, Plan, Preempt, SetAside, Snapshot, Start, Terminate
 from broker.state import JobState
 from policies.backfill import Reserver, Shadow, outlived, release_profile
-from policies.cycle import Memory
+from policies.cycle import Memory, each_alone
 from policies.evict import Evictor
 from policies.fairshare import fairshare_factors
 from policies.placement import FreeIndex, Placer
 from policies.predictor import expected_end
 from policies.queue import place_queue
-from policies.registry import PolicySet, settings_of
+from policies.reasons import exception_text, policy_error
+from policies.registry import PolicySet, code_of, policy_at, settings_of
 
 __all__ = ["CycleState", "Memory", "estimator", "run_cycle", "runtime_estimate"]
+
+
+#: a cycle runs at most this many times over one snapshot: the first, and once more each time
+#: policies set jobs aside; failing on jobs still after that, the failure is the policies', not
+#: the jobs' (it shows on whichever job is asked about), and the cycle fails
+MAX_PASSES = 4
 
 
 def run_cycle(snapshot: Snapshot, policies: PolicySet | None = None,
               now: float | None = None, memory: Memory | None = None) -> Plan:
     """One scheduling pass over a snapshot (the module docstring has the phases). ``memory``
-    carries caches across cycles (a scheduler keeps one; None: a fresh one)."""
-    state = CycleState(snapshot, policies or PolicySet(),
-                       snapshot.now if now is None else now, memory)
-    state.queue = state.order(state, snapshot.pending)  # 1
+    carries caches across cycles (a scheduler keeps one; None: a fresh one).
+
+    A job that a policy fails on (an exception raised while deciding about it:
+    :meth:`CycleState.fail`) is set aside, and the cycle runs again on the snapshot without
+    the jobs set aside, so that nothing half decided about them is kept; the Plan gives them
+    in ``set_aside`` and, with the same ``PolicyError`` reason, in ``pending``. An exception
+    that is not one job's (a broken setting, a bug outside the per-job loops) propagates: the
+    cycle fails, as does one that still sets jobs aside after :data:`MAX_PASSES` passes, or
+    that sets aside every pending job (two or more) (:class:`~broker.errors.CycleFailed`)."""
+    policies = policies or PolicySet()
+    now = snapshot.now if now is None else now
+    aside: dict[str, SetAside] = {}
+    for _ in range(MAX_PASSES):
+        snap = snapshot if not aside else replace(
+            snapshot, pending=tuple(j for j in snapshot.pending if j.id not in aside))
+        state = CycleState(snap, policies, now, memory)
+        try:
+            plan = _phases(state)
+        except Exception:
+            if not state.failed:
+                raise  # not one job's: the cycle fails
+            plan = None  # (what failed may follow from a job it set aside: run again)
+        if not state.failed:
+            assert plan is not None
+            return plan if not aside else replace(plan, set_aside=aside, pending={
+                **plan.pending, **{k: a.reason for k, a in aside.items()}})
+        aside.update(state.failed)
+        if len(aside) == len(snapshot.pending) > 1:
+            break  # every job: the failure is not theirs
+    first = next(iter(state.failed.values()))
+    raise CycleFailed(f"the policies failed on {len(aside)} of {len(snapshot.pending)} pending "
+                      f"jobs, more in each pass of the cycle, or on all of them (first in the "
+                      f"last pass: the {first.role} policy {first.policy!r}, {first.error})"
+                      ) from state.errors[0]
+
+
+def _phases(state: CycleState) -> Plan:
+    """The phases of one pass (the module docstring)."""
+    pol = state.policies
+    state.queue = state.ordered(state.snap.pending)  # 1
+    state.phase = ("place", pol.place)
     place_queue(state)  # 2, 3
-    for evictor in state.evictors:  # 4
+    for name, evictor in zip(pol.evict, state.evictors):  # 4
+        state.phase = ("evict", name)
         state.evictions.extend(evictor.evict(state))
+    state.phase = ("burst", pol.burst)
     state.burst(state)  # 5
+    state.phase = ("budget", pol.budget)
     state.budget(state)  # 5b keep its launches within the teams' caps
+    state.phase = ("defer", pol.defer)
     state.defer(state)  # 6
     return state.plan()  # 7
 
@@ -117,12 +171,56 @@ class CycleState:
         self.wake_at: float | None = None
         self.until_event = False
         self.horizon: dict[str, float] | None = None
+        # jobs a policy failed on (set aside), the exceptions, and the role being played
+        self.failed: dict[str, SetAside] = {}
+        self.errors: list[Exception] = []
+        self.phase: tuple[str, str] = ("order", policies.order)
         self.placer.prepare(self)
 
     @cached_property
     def fairshare(self) -> dict[str, float]:
         """Team -> fair-share factor, computed once per cycle (the order and the reasons ask)."""
         return fairshare_factors(self.snap)
+
+    def ordered(self, jobs: Sequence[Job]) -> list[Job]:
+        """The ``order`` policy's queue of ``jobs``. If it raises, each job is ordered alone:
+        the jobs it fails on alone are set aside and the rest ordered without them; if it
+        fails without any job, or on none alone, the failure is not a job's: it propagates."""
+        order: Callable[[CycleState, Sequence[Job]], list[Job]] = self.order
+        try:
+            return order(self, jobs)
+        except Exception as whole:
+            try:
+                order(self, [])
+            except Exception:
+                raise whole from None  # it fails whatever it is given
+            each_alone(self, jobs, lambda some: order(self, some), whole)
+        return order(self, [j for j in jobs if j.id not in self.failed])
+
+    def fail(self, job: Job, exc: Exception) -> bool:
+        """Set ``job`` aside: a policy raised ``exc`` deciding about it (see policies/cycle.py
+        ``deciding``). The reason names the policy, found among the exception's frames, else
+        the role the cycle was playing. False if ``job`` is not pending in the snapshot."""
+        if job.id not in self._pending_ids:
+            return False
+        if job.id not in self.failed:
+            role, name = policy_at(exc.__traceback__, self.policies, self._own_codes) \
+                or self.phase
+            error = exception_text(exc)
+            self.failed[job.id] = SetAside(role, name, error, policy_error(role, name, error))
+            self.errors.append(exc)
+        return True
+
+    @cached_property
+    def _pending_ids(self) -> frozenset[str]:
+        return frozenset(j.id for j in self.snap.pending)
+
+    @cached_property
+    def _own_codes(self) -> dict[CodeType, tuple[str, str]]:
+        """The code of what the estimate policy made for this snapshot (its own function is
+        not on the stack when the estimate fails)."""
+        code = code_of(self._estimate)
+        return {code: ("estimate", self.policies.estimate)} if code is not None else {}
 
     def settings(self, name: str) -> Mapping[str, Any]:
         """A policy's settings: its declared defaults and the configuration's values."""

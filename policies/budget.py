@@ -42,7 +42,7 @@ from typing import Any
 from broker.model import Job, Offer, Reason
 from broker.plan import Launch
 from policies.burst import target_of
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.offers import job_share_per_hour, offers_by_id, request_id, runtime_on
 from policies.reasons import budget_exhausted, dur
 from policies.registry import register
@@ -117,26 +117,31 @@ def caps(cycle: Cycle) -> None:
         _starts(cycle, by_id, committed, cfg)
     kept: list[Launch] = []
     for launch in cycle.launches:
-        offer = offers.get(launch.offer_id)
-        jobs = [by_id[i] for i in launch.for_jobs if i in by_id]
-        if offer is None or not jobs:
-            kept.append(launch)
-            continue
-        jobs = [j for j in jobs if _within_max_price(cycle, j, offer)]
-        jobs = _fit(cycle, launch, offer, jobs, committed, cfg)
-        if not jobs:
-            continue
-        runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
-        cost, _ = launch_cost(offer, launch.count, runs, cfg)
-        part = shares(jobs, cost, offer.gpu_count)
-        for t, usd in part.items():
-            if t in committed:
-                committed[t] += usd
-        ids = tuple(j.id for j in jobs)
-        rid = launch.request_id if ids == launch.for_jobs else \
-            request_id(list(ids), by_id, cycle.now)
-        kept.append(replace(launch, for_jobs=ids, request_id=rid,
-                            budget=tuple(sorted(part.items()))))
+        try:  # (a launch's jobs are decided together: one failing sets them all aside)
+            offer = offers.get(launch.offer_id)
+            jobs = [by_id[i] for i in launch.for_jobs if i in by_id]
+            if offer is None or not jobs:
+                kept.append(launch)
+                continue
+            jobs = [j for j in jobs if _within_max_price(cycle, j, offer)]
+            jobs = _fit(cycle, launch, offer, jobs, committed, cfg)
+            if not jobs:
+                continue
+            runs = [job_runtime(cycle, j, offer.gpu_model, cfg) for j in jobs]
+            cost, _ = launch_cost(offer, launch.count, runs, cfg)
+            part = shares(jobs, cost, offer.gpu_count)
+            for t, usd in part.items():
+                if t in committed:
+                    committed[t] += usd
+            ids = tuple(j.id for j in jobs)
+            rid = launch.request_id if ids == launch.for_jobs else \
+                request_id(list(ids), by_id, cycle.now)
+            kept.append(replace(launch, for_jobs=ids, request_id=rid,
+                                budget=tuple(sorted(part.items()))))
+        except Exception as e:
+            mine = [by_id[i] for i in launch.for_jobs if i in by_id]
+            if not mine or not all([cycle.fail(j, e) for j in mine]):
+                raise
     cycle.launches[:] = kept
 
 
@@ -158,29 +163,30 @@ def _starts(cycle: Cycle, by_id: Mapping[str, Job], committed: dict[str, float],
             starts.append(st)
             started.append(run)
             continue
-        parts: list[tuple[str, str, float]] = []
-        for a in st.allocations:
-            inst, node = machines.get(a.node_id), snap.node_by_id.get(a.node_id)
-            if inst is None or node is None or st.job_id in inst.for_jobs or not node.gpus:
-                continue
-            offer = offers.get(inst.offer_id)
-            price = offer.price_per_hour if offer is not None else inst.price_per_hour
-            hours = job_runtime(cycle, job, node.gpus[0].model, cfg) / 3600.0
-            share = min(1.0, max(1, len(a.gpu_ids)) / len(node.gpus))
-            parts.append((a.node_id, job.team, price * share * hours))
-            parts.append((a.node_id, LAUNCHERS, price * ((1 - share) * hours + tail_h)))
-        if parts and job.team in snap.budgets:
-            need = sum(p[2] for p in parts if p[1] == job.team)
-            cap = snap.budgets[job.team]
-            if job.team not in snap.soft_budgets and committed[job.team] + need > cap + 1e-6:
-                cycle.pending[job.id] = budget_exhausted(job.team, cap, committed[job.team],
-                                                         need)
-                continue
-            committed[job.team] += need
-        if parts:
-            st = replace(st, budget=tuple(parts))
-        starts.append(st)
-        started.append(run)
+        with deciding(cycle, job):
+            parts: list[tuple[str, str, float]] = []
+            for a in st.allocations:
+                inst, node = machines.get(a.node_id), snap.node_by_id.get(a.node_id)
+                if inst is None or node is None or st.job_id in inst.for_jobs or not node.gpus:
+                    continue
+                offer = offers.get(inst.offer_id)
+                price = offer.price_per_hour if offer is not None else inst.price_per_hour
+                hours = job_runtime(cycle, job, node.gpus[0].model, cfg) / 3600.0
+                share = min(1.0, max(1, len(a.gpu_ids)) / len(node.gpus))
+                parts.append((a.node_id, job.team, price * share * hours))
+                parts.append((a.node_id, LAUNCHERS, price * ((1 - share) * hours + tail_h)))
+            if parts and job.team in snap.budgets:
+                need = sum(p[2] for p in parts if p[1] == job.team)
+                cap = snap.budgets[job.team]
+                if job.team not in snap.soft_budgets and committed[job.team] + need > cap + 1e-6:
+                    cycle.pending[job.id] = budget_exhausted(job.team, cap, committed[job.team],
+                                                             need)
+                    continue
+                committed[job.team] += need
+            if parts:
+                st = replace(st, budget=tuple(parts))
+            starts.append(st)
+            started.append(run)
     cycle.starts[:] = starts
     cycle.started[:] = started
 

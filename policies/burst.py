@@ -126,20 +126,24 @@ def sla_burst(cycle: Cycle) -> None:
     leaving: set[str] = set()
     room_for, prefer = made_room_for(cycle), float(cfg["preempt_or_burst"])
     for pos, job in enumerate(cycle.blocked):
-        cls = may_burst(cycle, job)
-        if cls is None:
-            if _breaks(cycle, job):
-                cycle.pending[job.id] = _not_allowed(cycle, job)
-            continue
-        if job.id in room_for and not prefer:
-            continue  # evictions make room for it on-prem (preempt_or_burst 0)
-        b = take_booting(booting, job, cls)
-        if b is not None:
-            leaving.add(job.id)
-            cycle.pending[job.id] = waiting_reason(b, cycle.now)
-            continue
-        if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
-            leaving.add(job.id)
+        try:  # (a job it fails on is set aside: policies/cycle.py deciding)
+            cls = may_burst(cycle, job)
+            if cls is None:
+                if _breaks(cycle, job):
+                    cycle.pending[job.id] = _not_allowed(cycle, job)
+                continue
+            if job.id in room_for and not prefer:
+                continue  # evictions make room for it on-prem (preempt_or_burst 0)
+            b = take_booting(booting, job, cls)
+            if b is not None:
+                leaving.add(job.id)
+                cycle.pending[job.id] = waiting_reason(b, cycle.now)
+                continue
+            if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
+                leaving.add(job.id)
+        except Exception as e:
+            if not cycle.fail(job, e):
+                raise
     spot_moves(cycle, cfg, costs, room)
     home_moves(cycle, cfg, costs)
     drop_evictions_for(cycle, leaving)
@@ -279,20 +283,24 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
     limit = int(cfg["make_room_max_jobs"])
     cands: list[tuple[float, Job, _Choice]] = []
     for a in ahead:
-        if a.id in leaving:
-            continue
-        acls = may_burst(cycle, a)
-        if acls is None or a.res.nodes > 1:
-            continue
-        offers = _offers_for(cycle, a, acls)
-        if not offers:
-            continue
-        kept = cycle.pending.get(a.id)
-        c = _cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
-        if kept is not None:
-            cycle.pending[a.id] = kept
-        if c is not None:
-            cands.append((c.cost / max(1, a.res.total_gpus), a, c))
+        try:  # (zero cost when nothing raises: this loop is long)
+            if a.id in leaving:
+                continue
+            acls = may_burst(cycle, a)
+            if acls is None or a.res.nodes > 1:
+                continue
+            offers = _offers_for(cycle, a, acls)
+            if not offers:
+                continue
+            kept = cycle.pending.get(a.id)
+            c = _cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
+            if kept is not None:
+                cycle.pending[a.id] = kept
+            if c is not None:
+                cands.append((c.cost / max(1, a.res.total_gpus), a, c))
+        except Exception as e:  # (a job it fails on is set aside, as with deciding)
+            if not cycle.fail(a, e):
+                raise
     cands.sort(key=lambda x: (x[0], x[1].id))
     trial, total, chosen = set(leaving), 0.0, []
     for _, a, c in cands[:limit]:

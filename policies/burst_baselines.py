@@ -53,28 +53,32 @@ def _run(cycle: Cycle, name: str, spot: bool, due: Due) -> None:
     room = region_room(cycle)
     new: list[Bin] = []
     for job in cycle.blocked:
-        cls = may_burst(cycle, job)
-        if cls is None:
-            continue
-        b = take_booting(booting, job, cls)
-        if b is not None:
-            cycle.pending[job.id] = waiting_reason(b, cycle.now)
-            continue
-        at = due(cycle, job, cls)
-        if cycle.now < at:
-            if cycle.wake_at is None or at < cycle.wake_at:
-                cycle.wake_at = at
-            continue
-        offer = _cheapest(cycle, job, cls, spot, room)
-        if offer is None:
-            continue
-        key = (offer.provider, offer.region)
-        room[key] = room.get(key, float("inf")) - offer.gpu_count * job.res.nodes
-        boot = costs.boot(offer)
-        new.append(Bin(offer, offer.gpu_count - job.res.gpus, cycle.now + boot,
-                       cycle.now + boot, [job.id], count=job.res.nodes))
-        cycle.pending[job.id] = Reason("Bursting", f"renting {offer.id} "
-                                                   f"(${offer.price_per_hour:g}/h) ({name})")
+        try:  # (a job it fails on is set aside: policies/cycle.py deciding)
+            cls = may_burst(cycle, job)
+            if cls is None:
+                continue
+            b = take_booting(booting, job, cls)
+            if b is not None:
+                cycle.pending[job.id] = waiting_reason(b, cycle.now)
+                continue
+            at = due(cycle, job, cls)
+            if cycle.now < at:
+                if cycle.wake_at is None or at < cycle.wake_at:
+                    cycle.wake_at = at
+                continue
+            offer = _cheapest(cycle, job, cls, spot, room)
+            if offer is None:
+                continue
+            key = (offer.provider, offer.region)
+            room[key] = room.get(key, float("inf")) - offer.gpu_count * job.res.nodes
+            boot = costs.boot(offer)
+            new.append(Bin(offer, offer.gpu_count - job.res.gpus, cycle.now + boot,
+                           cycle.now + boot, [job.id], count=job.res.nodes))
+            cycle.pending[job.id] = Reason("Bursting", f"renting {offer.id} "
+                                                       f"(${offer.price_per_hour:g}/h) ({name})")
+        except Exception as e:
+            if not cycle.fail(job, e):
+                raise
     emit(cycle, new, {j.id: j for j in cycle.blocked})
 
 

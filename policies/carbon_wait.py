@@ -44,7 +44,7 @@ from broker.state import EvictionKind, JobState
 from policies import reasons
 from policies.backfill import Easy
 from policies.carbon_place import waits_for_low_power
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.defer import (
     Deferral,
     deferrable,
@@ -258,13 +258,14 @@ def carbon_start(cycle: Cycle) -> None:
     keep: list[Any] = []
     for start, started in zip(cycle.starts, cycle.started):
         job = by_id[start.job_id]
-        zone = zone_of(cycle.snap, start.allocations[0].node_id) if start.allocations else ""
-        d = decide(cycle, job, zone) if zone else None
-        if d is None:
-            keep.append((start, started))
-            continue
-        cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
-        _wake(cycle, d.start_at)
+        with deciding(cycle, job):
+            zone = zone_of(cycle.snap, start.allocations[0].node_id) if start.allocations else ""
+            d = decide(cycle, job, zone) if zone else None
+            if d is None:
+                keep.append((start, started))
+                continue
+            cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
+            _wake(cycle, d.start_at)
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]

@@ -5,12 +5,18 @@ and write their decisions only through :class:`Cycle` (this module imports nothi
 broker's cycle, so policies do not depend on it). :class:`Memory` holds what a scheduler keeps
 from one cycle to the next: caches that make a cycle cheaper and never change a decision's
 inputs. It is passed beside the Snapshot, which nothing writes into.
+
+A policy that loops over pending jobs wraps what it decides about each in
+``with deciding(cycle, job):``: an exception raised there sets that job aside for the cycle
+(:meth:`Cycle.fail`) and the loop goes on with the next job (docs/policies.md, "A cycle never
+dies of one job").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.model import Allocation, Job, Reason
@@ -76,3 +82,43 @@ class Cycle(Protocol):
     def start(self, job: Job, allocs: tuple[Allocation, ...], long: bool) -> None: ...
 
     def reserve(self, job: Job) -> Shadow | None: ...
+
+    def fail(self, job: Job, exc: Exception) -> bool:
+        """A policy raised ``exc`` while deciding about ``job``: set the job aside (True), or
+        False when ``job`` is not one of the snapshot's pending jobs (then ``exc`` is not
+        one pending job's, and the caller lets it propagate)."""
+
+
+class deciding:  # (a context manager, named to read as a clause: with deciding(...))
+    """``with deciding(cycle, job):`` around what a policy decides about one pending job: an
+    exception raised inside sets the job aside (:meth:`Cycle.fail`) and is swallowed, so the
+    policy goes on with the next job. (The cycle then runs again without the jobs set aside:
+    what the failed decision left half done is not kept.) An exception about a job that is
+    not pending, and any ``BaseException`` (KeyboardInterrupt...), propagate."""
+
+    __slots__ = ("cycle", "job")
+
+    def __init__(self, cycle: Cycle, job: Job) -> None:
+        self.cycle, self.job = cycle, job
+
+    def __enter__(self) -> Job:
+        return self.job
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        return isinstance(exc, Exception) and self.cycle.fail(self.job, exc)
+
+
+def each_alone(cycle: Cycle, jobs: Sequence[Job], fn: Callable[[list[Job]], object],
+               exc: Exception) -> None:
+    """``fn(jobs)`` raised ``exc``: call ``fn`` on each job alone, setting aside the jobs it
+    raises on. None does: ``exc`` is not one job's, and is raised again. (What the calls
+    decided is not kept: a cycle that set jobs aside runs again without them.)"""
+    failed = False
+    for job in jobs:
+        try:
+            fn([job])
+        except Exception as e:
+            failed = cycle.fail(job, e) or failed
+    if not failed:
+        raise exc

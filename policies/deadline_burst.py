@@ -17,7 +17,7 @@ from broker.model import Job, Offer, Reason
 from broker.model.fit import wanted_kinds
 from broker.plan import Preempt, Terminate
 from broker.state import EvictionKind, JobState
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.offers import CostModel, market_allowed, runtime_on
 from policies.spot_deadline import DeadlineRule, Mode, SpotMarket
 
@@ -133,25 +133,30 @@ def revisit(cycle: Cycle, costs: CostModel) -> None:
             if job is not None and st.allocations else None
         if job is None or node is None or ":" not in node.site or node.site.endswith(":spot"):
             continue
-        stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
-        left = stop is not None and stop.kind is EvictionKind.MARKET
-        mode, wake = _rule_for(cycle, job, costs, Mode.IDLE if left else Mode.ONDEMAND)
-        if mode is Mode.ONDEMAND:
-            _wake(cycle, wake)
-            continue
-        cycle.starts.remove(st)
-        cycle.started[:] = [(j, e) for j, e in cycle.started if j.id != job.id]
-        cycle.blocked.append(job)
-        cycle.notes.setdefault("deadline_market", {})[job.id] = \
-            "spot" if mode is Mode.SPOT else "wait"
-        if mode is Mode.IDLE:
-            cycle.pending[job.id] = Reason("WaitingForSpot", "its deadline leaves slack to "
-                                           "wait for spot (policies/spot_deadline.py)")
-            _wake(cycle, wake)
-        held = [i.id for i in cycle.snap.instances if i.node_id == node.id]
-        if held and not cycle.snap.allocated.get(node.id):
-            cycle.terminations.append(Terminate(tuple(held), "its job with a deadline left "
-                                                "on-demand (policies/spot_deadline.py)"))
+        with deciding(cycle, job):
+            stop = next((h for h in reversed(job.history) if h.state is JobState.STOPPING), None)
+            left = stop is not None and stop.kind is EvictionKind.MARKET
+            mode, wake = _rule_for(cycle, job, costs, Mode.IDLE if left else Mode.ONDEMAND)
+            if mode is Mode.ONDEMAND:
+                _wake(cycle, wake)
+                continue
+            cycle.starts.remove(st)
+            cycle.started[:] = [(j, e) for j, e in cycle.started if j.id != job.id]
+            cycle.blocked.append(job)
+            cycle.notes.setdefault("deadline_market", {})[job.id] = \
+                "spot" if mode is Mode.SPOT else "wait"
+            if mode is Mode.IDLE:
+                cycle.pending[job.id] = Reason("WaitingForSpot", "its deadline leaves slack to "
+                                               "wait for spot (policies/spot_deadline.py)")
+                _wake(cycle, wake)
+            else:  # (the burst phase books its spot machine, or says why not, over this)
+                cycle.pending[job.id] = Reason("WaitingForSpot", "its deadline rule takes spot "
+                                               "now rather than on-demand node "
+                                               f"{node.id} (policies/spot_deadline.py)")
+            held = [i.id for i in cycle.snap.instances if i.node_id == node.id]
+            if held and not cycle.snap.allocated.get(node.id):
+                cycle.terminations.append(Terminate(tuple(held), "its job with a deadline left "
+                                                    "on-demand (policies/spot_deadline.py)"))
     for job in cycle.snap.active:
         if job.spec.deadline is None:
             continue

@@ -53,7 +53,7 @@ from policies.carbon_window import (
     slots_for,
     smoothed,
 )
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.registry import register
 
 CODE = reasons.DEFERRED_FOR_CARBON
@@ -229,15 +229,16 @@ def carbon_defer(cycle: Cycle) -> None:
     keep = []
     for start, started in zip(cycle.starts, cycle.started):
         job = by_id[start.job_id]
-        found = decide(cycle, job, start.allocations[0].node_id) if start.allocations else None
-        if found is None or not _worth_it(cycle, found[0]):
-            keep.append((start, started))
-            if found is not None:
-                _wake_to_pause(cycle, found[0])
-            continue
-        d, zone = found
-        cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
-        _wake(cycle, d.start_at)
+        with deciding(cycle, job):
+            found = decide(cycle, job, start.allocations[0].node_id) if start.allocations else None
+            if found is None or not _worth_it(cycle, found[0]):
+                keep.append((start, started))
+                if found is not None:
+                    _wake_to_pause(cycle, found[0])
+                continue
+            d, zone = found
+            cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
+            _wake(cycle, d.start_at)
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]

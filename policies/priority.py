@@ -18,7 +18,7 @@ from broker.model import Job, Reason
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import evict as E
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.fairshare import gpus_in_use
 from policies.preemption import Victim, choose
 from policies.registry import register
@@ -51,27 +51,28 @@ class Priority(E.Evictor):
         taken = {p.job_id for p in cycle.evictions}
         out: list[Preempt] = []
         for job in preemptors:
-            if E.fits(cycle, job, soon):  # room is already being made for it
+            with deciding(cycle, job):
+                if E.fits(cycle, job, soon):  # room is already being made for it
+                    E.claim(cycle, job, soon)
+                    cycle.pending[job.id] = Reason("Preempting", "waiting for evicted jobs to stop")
+                    continue
+                by_class = job.priority in may
+                chosen = choose(job, cycle.index, soon, victims,
+                                _allowed(cycle, job, by_class, quota, in_use, taken))
+                if chosen is None:
+                    continue
+                for v in chosen:
+                    taken.add(v.job.id)
+                    for nid, per in v.devices.items():
+                        for kind, n in per.items():
+                            soon[nid][kind] += n
+                    out.append(Preempt(v.job.id, v.job.attempt,
+                                       f"preempted by {job.id} ({job.priority}, team {job.team})",
+                                       snap.grace_s, _kind(cycle, job, by_class, v.job)))
                 E.claim(cycle, job, soon)
-                cycle.pending[job.id] = Reason("Preempting", "waiting for evicted jobs to stop")
-                continue
-            by_class = job.priority in may
-            chosen = choose(job, cycle.index, soon, victims,
-                            _allowed(cycle, job, by_class, quota, in_use, taken))
-            if chosen is None:
-                continue
-            for v in chosen:
-                taken.add(v.job.id)
-                for nid, per in v.devices.items():
-                    for kind, n in per.items():
-                        soon[nid][kind] += n
-                out.append(Preempt(v.job.id, v.job.attempt,
-                                   f"preempted by {job.id} ({job.priority}, team {job.team})",
-                                   snap.grace_s, _kind(cycle, job, by_class, v.job)))
-            E.claim(cycle, job, soon)
-            code = "Preempting" if by_class else "Quota"
-            cycle.pending[job.id] = Reason(code, f"evicting {len(chosen)} job(s) to make room: "
-                                                 + ", ".join(v.job.id for v in chosen))
+                code = "Preempting" if by_class else "Quota"
+                cycle.pending[job.id] = Reason(code, f"evicting {len(chosen)} job(s) to make room: "
+                                                     + ", ".join(v.job.id for v in chosen))
         return out
 
 

@@ -34,7 +34,7 @@ from broker.model.fit import offer_could_hold
 from policies import reasons
 from policies.backfill import Shadow, guard, guards_allow, outlived
 from policies.class_caps import over_cap
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding, each_alone
 from policies.offers import BOOTING
 from policies.registry import register
 
@@ -56,45 +56,49 @@ def place_queue(cycle: Cycle) -> None:
         if head_blocked and (strict or index.free_devices == 0):
             _wait_behind(cycle, queue[pos:], strict, full=index.free_devices == 0)
             return
-        refusal = admitted(cycle, job)
-        if refusal is not None:
-            cycle.pending[job.id] = refusal
-            continue
-        res = job.res
-        if not index.feasible_ever(res) and not _an_offer_holds(cycle, job):
-            cycle.pending[job.id] = reasons.infeasible(res)
-            continue
-        long = False
-        if not res.gpus or index.free_devices:  # (else nothing to try: the head waits)
-            long = cycle.shadow is not None and not cycle.shadow.allows(cycle.now,
-                                                                      cycle.estimate(job))
-            shape: tuple[object, ...] = (res.key, job.spec.sites,
-                                         long and _may_use_reserved(cycle, job))
-            over = outlived(cycle, job) if cycle.guards else []
-            if cycle.guards:  # (the outcome also depends on the guards it would outlive)
-                shape = (*shape, tuple(id(g) for g in over))
-            if shape in failed:
-                cycle.pending[job.id] = failed[shape]
-                cycle.blocked.append(job)
-                if protecting:
-                    guard(cycle, job, long)
+        try:  # (a job a policy fails on is set aside: policies/cycle.py deciding)
+            refusal = admitted(cycle, job)
+            if refusal is not None:
+                cycle.pending[job.id] = refusal
                 continue
-            allocs = _place(cycle, job, long, over)
-            if allocs is not None:
-                cycle.start(job, allocs, long)
+            res = job.res
+            if not index.feasible_ever(res) and not _an_offer_holds(cycle, job):
+                cycle.pending[job.id] = reasons.infeasible(res)
                 continue
-        cycle.blocked.append(job)
-        if not head_blocked:
-            head_blocked = True
-            if not strict:
-                cycle.shadow = cycle.reserve(job)
-            cycle.pending[job.id] = reasons.head(cycle, res)
-            for evictor in cycle.evictors:
-                evictor.head_blocked(cycle, job)
-            continue
-        failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
-        if protecting:
-            guard(cycle, job, long)
+            long = False
+            if not res.gpus or index.free_devices:  # (else nothing to try: the head waits)
+                long = cycle.shadow is not None and not cycle.shadow.allows(
+                    cycle.now, cycle.estimate(job))
+                shape: tuple[object, ...] = (res.key, job.spec.sites,
+                                             long and _may_use_reserved(cycle, job))
+                over = outlived(cycle, job) if cycle.guards else []
+                if cycle.guards:  # (the outcome also depends on the guards it would outlive)
+                    shape = (*shape, tuple(id(g) for g in over))
+                if shape in failed:
+                    cycle.pending[job.id] = failed[shape]
+                    cycle.blocked.append(job)
+                    if protecting:
+                        guard(cycle, job, long)
+                    continue
+                allocs = _place(cycle, job, long, over)
+                if allocs is not None:
+                    cycle.start(job, allocs, long)
+                    continue
+            cycle.blocked.append(job)
+            if not head_blocked:
+                head_blocked = True
+                if not strict:
+                    cycle.shadow = cycle.reserve(job)
+                cycle.pending[job.id] = reasons.head(cycle, res)
+                for evictor in cycle.evictors:
+                    evictor.head_blocked(cycle, job)
+                continue
+            failed[shape] = cycle.pending[job.id] = reasons.blocked(cycle, job, long)
+            if protecting:
+                guard(cycle, job, long)
+        except Exception as e:
+            if not cycle.fail(job, e):
+                raise
 
 
 def admitted(cycle: Cycle, job: Job) -> Reason | None:
@@ -126,18 +130,21 @@ def own_machines_first(cycle: Cycle, queue: list[Job]) -> set[str]:
     index = cycle.index
     for job in queue:
         nodes = mine.get(job.id)
-        if nodes is None or admitted(cycle, job) is not None:
+        if nodes is None:
             continue
-        allocs = index.find(job.res, job.spec.sites, only=nodes)
-        if allocs is not None:
-            cycle.start(job, allocs, False)
-            done.add(job.id)
-        elif job.res.nodes > 1 and job.id in booting:
-            one = replace(job.res, nodes=1)
-            for nid in nodes[: job.res.nodes]:  # its nodes up so far: kept for it
-                part = index.find(one, job.spec.sites, only=(nid,))
-                if part is not None:
-                    index.take(part, one)
+        with deciding(cycle, job):
+            if admitted(cycle, job) is not None:
+                continue
+            allocs = index.find(job.res, job.spec.sites, only=nodes)
+            if allocs is not None:
+                cycle.start(job, allocs, False)
+                done.add(job.id)
+            elif job.res.nodes > 1 and job.id in booting:
+                one = replace(job.res, nodes=1)
+                for nid in nodes[: job.res.nodes]:  # its nodes up so far: kept for it
+                    part = index.find(one, job.spec.sites, only=(nid,))
+                    if part is not None:
+                        index.take(part, one)
     return done
 
 
@@ -191,7 +198,15 @@ def _place_around_head(cycle: Cycle, job: Job, long: bool, end: float
 
 
 def _wait_behind(cycle: Cycle, rest: list[Job], strict: bool, full: bool) -> None:
-    """The head is blocked and nothing behind it can start on GPUs: the rest waits at once."""
+    """The head is blocked and nothing behind it can start on GPUs: the rest waits at once
+    (if that raises: each job alone, those it raises on set aside)."""
+    try:
+        _wait_all(cycle, rest, strict, full)
+    except Exception as e:
+        each_alone(cycle, rest, lambda jobs: _wait_all(cycle, jobs, strict, full), e)
+
+
+def _wait_all(cycle: Cycle, rest: list[Job], strict: bool, full: bool) -> None:
     index = cycle.index
     wait = reasons.FIFO if strict else reasons.FULL
     if not full:  # strict order with GPUs free: every later job waits for the head

@@ -2,12 +2,13 @@
 
 Reasons are data, not exceptions: a code (``Resources``, ``Priority``, ``Reservation``,
 ``FairShare``, ``NoFeasibleNode``, ``Preempting``, ``Quota``, ``DeferredForCarbon``,
-``BudgetExhausted``, or an admission refusal) and a sentence for people.
+``BudgetExhausted``, ``PolicyError``, or an admission refusal) and a sentence for people.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import PurePath
 
 from broker.model import Job, Reason, Resources
 from policies.cycle import Cycle
@@ -17,6 +18,34 @@ FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlie
 #: a deferrable job waits for a cleaner window within its deadline (policies/defer.py builds
 #: the sentence: until when, and the forecast intensities)
 DEFERRED_FOR_CARBON = "DeferredForCarbon"
+
+
+#: a policy raised an exception while deciding about the job: it is set aside for the cycle
+POLICY_ERROR = "PolicyError"
+
+
+def policy_error(role: str, name: str, error: str) -> Reason:
+    """The reason of a job set aside because the ``role`` policy ``name`` raised an exception
+    (``error``: :func:`exception_text`) while deciding about it."""
+    return Reason(POLICY_ERROR, f"the {role} policy {name!r} failed on this job ({error}); it "
+                                "is set aside for this cycle while the others are scheduled, "
+                                "and tried again in the next; operators see it in `spillway "
+                                "status` and the scheduler's metrics")
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception for a sentence: its type, its message (cut at 200 characters) and the
+    file and line it was raised at (``ZeroDivisionError: float division by zero at
+    policies/ordering.py:177``)."""
+    text = str(exc)
+    out = type(exc).__name__ + (f": {text[:200]}" if text else "")
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        path = PurePath(tb.tb_frame.f_code.co_filename)
+        out += f" at {'/'.join(path.parts[-2:])}:{tb.tb_lineno}"
+    return out
 
 
 def dur(seconds: float) -> str:

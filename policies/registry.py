@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
+from functools import lru_cache
+from types import CodeType, MappingProxyType, TracebackType
 from typing import Any, TypeVar
 
 F = TypeVar("F")
@@ -52,6 +53,7 @@ def register(role: str, name: str, settings: Mapping[str, Any] | None = None
 
     def deco(obj: F) -> F:
         _REGISTRY[role][name] = obj() if isinstance(obj, type) else obj
+        _codes.cache_clear()
         if settings:
             other = _SETTINGS.get(name)
             if other is not None and dict(other) != dict(settings):
@@ -167,6 +169,45 @@ class PolicySet:
             else:
                 kw[role] = value
         return cls(name=name, **kw).check()
+
+
+def policy_at(tb: TracebackType | None, policies: PolicySet,
+              extra: Mapping[CodeType, tuple[str, str]] | None = None
+              ) -> tuple[str, str] | None:
+    """(role, name) of the innermost policy of ``policies`` whose code is among a traceback's
+    frames (a registered function, a method of a registered policy's class, or code ``extra``
+    names), None if none is: which of the policies the cycle called raised an exception."""
+    codes = _codes(policies)
+    if extra:
+        codes = {**codes, **extra}
+    found = None
+    while tb is not None:
+        found = codes.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
+
+
+def code_of(fn: object) -> CodeType | None:
+    """The code of a function or a bound method (None for anything else)."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+@lru_cache(maxsize=64)
+def _codes(policies: PolicySet) -> dict[CodeType, tuple[str, str]]:
+    """Code object -> (role, name), for the code of each policy ``policies`` names (code two
+    of them share, such as a base class's, is left out: it names neither)."""
+    seen: dict[CodeType, set[tuple[str, str]]] = {}
+    for role in ROLES:
+        for name in policies.names(role):
+            obj = lookup(role, name)
+            fns = [obj] if code_of(obj) is not None \
+                else [f for cls in type(obj).__mro__[:-1] for f in vars(cls).values()]
+            for fn in fns:
+                code = code_of(fn)
+                if code is not None:
+                    seen.setdefault(code, set()).add((role, name))
+    return {code: next(iter(who)) for code, who in seen.items() if len(who) == 1}
 
 
 def bundle(name: str, custom: Mapping[str, PolicySet] | None = None) -> PolicySet:

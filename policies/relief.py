@@ -49,7 +49,7 @@ from broker.model import Job, Reason
 from broker.plan import Preempt
 from broker.state import RESUMES_FIRST, EvictionKind, JobState
 from policies import evict as E
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.preemption import choose
 from policies.reasons import dur
 from policies.registry import register
@@ -106,45 +106,47 @@ class Relief(E.Evictor):
         holder = E.holder(cycle)
         if holder is None:
             return []
-        est = max(floor, min(cycle.estimate(holder), 1e9))
-        spared = gain(start, now, snap.grace_s, est)
-        if spared < min_sd:
-            return []
-        soon = E.soon_free(cycle)
-        if E.fits(cycle, holder, soon):  # room is already being made for it
-            return []
-        pool: list[Job] = []
-        young: list[Job] = []
-        for j in snap.active:
-            if (j.state is JobState.RUNNING and j.priority in cycle.preemptible
-                    and j.spec.checkpoint_dir is not None and j.started_at is not None
-                    and cycle.end_of(j) - now >= far):
-                (pool if now - j.started_at >= snap.min_runtime_s else young).append(j)
-        chosen = choose(holder, cycle.index, soon, E.victims(cycle, pool),
-                        lambda v: True) if pool else None
-        if not chosen:
-            # jobs too young to evict now may make room later: say when (the holder's gain
-            # only shrinks meanwhile, so not past the time it falls below the threshold)
-            last = start - snap.grace_s - min_sd * est
-            soonest = min((j.started_at + snap.min_runtime_s for j in young
-                           if j.started_at is not None), default=math.inf)
-            if soonest <= last:
-                cycle.wake_at = soonest
-            return []
-        lost = cost(est, snap.grace_s, (max(floor, min(cycle.estimate(v.job), 1e9))
-                                        for v in chosen))
-        if not worth_it(spared, lost, min_sd, ratio):
-            return []
-        ids = ", ".join(v.job.id for v in chosen)
-        cycle.pending[holder.id] = Reason(
-            "Resources", f"first in line; its reservation is {dur(start - now)} away, "
-                         f"{spared:.0f}x its expected runtime: evicting {len(chosen)} long "
-                         f"checkpointable job(s) that lose far less: {ids}")
-        return [Preempt(v.job.id, v.job.attempt,
-                        f"yielded to {holder.id}, which had waited {spared:.0f}x its "
-                        "runtime: restarts from its checkpoint ahead of the queue",
-                        snap.grace_s, EvictionKind.RELIEF)
-                for v in chosen]
+        with deciding(cycle, holder):
+            est = max(floor, min(cycle.estimate(holder), 1e9))
+            spared = gain(start, now, snap.grace_s, est)
+            if spared < min_sd:
+                return []
+            soon = E.soon_free(cycle)
+            if E.fits(cycle, holder, soon):  # room is already being made for it
+                return []
+            pool: list[Job] = []
+            young: list[Job] = []
+            for j in snap.active:
+                if (j.state is JobState.RUNNING and j.priority in cycle.preemptible
+                        and j.spec.checkpoint_dir is not None and j.started_at is not None
+                        and cycle.end_of(j) - now >= far):
+                    (pool if now - j.started_at >= snap.min_runtime_s else young).append(j)
+            chosen = choose(holder, cycle.index, soon, E.victims(cycle, pool),
+                            lambda v: True) if pool else None
+            if not chosen:
+                # jobs too young to evict now may make room later: say when (the holder's gain
+                # only shrinks meanwhile, so not past the time it falls below the threshold)
+                last = start - snap.grace_s - min_sd * est
+                soonest = min((j.started_at + snap.min_runtime_s for j in young
+                               if j.started_at is not None), default=math.inf)
+                if soonest <= last:
+                    cycle.wake_at = soonest
+                return []
+            lost = cost(est, snap.grace_s, (max(floor, min(cycle.estimate(v.job), 1e9))
+                                            for v in chosen))
+            if not worth_it(spared, lost, min_sd, ratio):
+                return []
+            ids = ", ".join(v.job.id for v in chosen)
+            cycle.pending[holder.id] = Reason(
+                "Resources", f"first in line; its reservation is {dur(start - now)} away, "
+                             f"{spared:.0f}x its expected runtime: evicting {len(chosen)} long "
+                             f"checkpointable job(s) that lose far less: {ids}")
+            return [Preempt(v.job.id, v.job.attempt,
+                            f"yielded to {holder.id}, which had waited {spared:.0f}x its "
+                            "runtime: restarts from its checkpoint ahead of the queue",
+                            snap.grace_s, EvictionKind.RELIEF)
+                    for v in chosen]
+        return []  # (it failed on the holder: set aside)
 
 
 __all__ = ["Relief", "cost", "gain", "resumes_first", "worth_it"]

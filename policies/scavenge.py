@@ -14,7 +14,7 @@ from broker.model import Allocation, Job, Reason
 from broker.plan import Preempt
 from broker.state import EvictionKind, JobState
 from policies import evict as E
-from policies.cycle import Cycle
+from policies.cycle import Cycle, deciding
 from policies.preemption import choose
 from policies.registry import register
 
@@ -43,17 +43,19 @@ class Scavenge(E.Evictor):
         holder = E.holder(cycle)
         if holder is None:
             return []
-        soon = E.soon_free(cycle)
-        if E.fits(cycle, holder, soon):
-            return []
-        ids = set(sh.scavengers)
-        pool = [j for j in cycle.snap.active
-                if j.id in ids and j.state is not JobState.STOPPING]
-        chosen = choose(holder, cycle.index, soon, E.victims(cycle, pool), lambda v: True)
-        if not chosen:
-            return []
-        cycle.pending[holder.id] = Reason("Resources", "its reservation is due: evicting "
-                                          f"{len(chosen)} job(s) that used its GPUs meanwhile")
-        return [Preempt(v.job.id, v.job.attempt, f"backfill window closed: the reservation of "
-                        f"{holder.id} is due", cycle.snap.grace_s, EvictionKind.SCAVENGE)
-                for v in chosen]
+        with deciding(cycle, holder):
+            soon = E.soon_free(cycle)
+            if E.fits(cycle, holder, soon):
+                return []
+            ids = set(sh.scavengers)
+            pool = [j for j in cycle.snap.active
+                    if j.id in ids and j.state is not JobState.STOPPING]
+            chosen = choose(holder, cycle.index, soon, E.victims(cycle, pool), lambda v: True)
+            if not chosen:
+                return []
+            cycle.pending[holder.id] = Reason("Resources", "its reservation is due: evicting "
+                                              f"{len(chosen)} job(s) that used its GPUs meanwhile")
+            return [Preempt(v.job.id, v.job.attempt, f"backfill window closed: the reservation of "
+                            f"{holder.id} is due", cycle.snap.grace_s, EvictionKind.SCAVENGE)
+                    for v in chosen]
+        return []  # (it failed on the holder: set aside)
