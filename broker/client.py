@@ -512,7 +512,15 @@ class Client:
         )
 
     def _no_reason(self, order: QueueOrder | None, now: float) -> Reason:
-        """A pending job without a recorded reason: has a cycle run lately?"""
+        """A pending job without a recorded reason: do the cycles fail, has one run lately?"""
+        failed = self.store.cycle_failures(since=now - 600.0)
+        if failed and (order is None or failed[0][0] > order.at):
+            return Reason("CyclesFailing", f"the scheduler runs but its cycles fail ("
+                                           f"{len(failed)} in the last 10 min, the last "
+                                           f"{now - failed[0][0]:.0f}s ago: {failed[0][1]}); "
+                                           "nothing is scheduled until that is fixed; "
+                                           "`spillway status` shows it, the scheduler's log "
+                                           "has the traceback")
         if order is None:
             return Reason("NotScheduledYet", "no scheduling cycle has run on this cluster yet; "
                                              "is `spillway scheduler` running?")

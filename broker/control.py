@@ -15,7 +15,7 @@ import time
 from broker import commands, metrics
 from broker.actuator import apply_plan, sender
 from broker.commands import DIRTY
-from broker.plan import Applied
+from broker.plan import Applied, Plan
 from broker.runtime import Runtime
 from broker.scheduler import run_cycle
 from broker.snapshots import SnapshotBuilder
@@ -96,6 +96,19 @@ def apply_node_reports(rt: Runtime) -> int:
     return applied
 
 
+_ASIDE: dict[int, frozenset[str]] = {}  # per runtime: the jobs the last cycle set aside
+
+
+def _say_set_aside(rt: Runtime, plan: Plan) -> None:
+    """Log the jobs a policy failed on when the set changes (not every cycle)."""
+    now = frozenset(plan.set_aside)
+    if now != _ASIDE.get(id(rt), frozenset()):
+        for job_id, aside in sorted(plan.set_aside.items()):
+            log.warning("job %s set aside: the %s policy %r failed on it (%s)", job_id,
+                        aside.role, aside.policy, aside.error)
+    _ASIDE[id(rt)] = now
+
+
 def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, bool]:
     """Apply the agents' reports, then snapshot, plan, apply. Returns what was applied and
     whether a trigger arrived meanwhile (read and cleared in the same round trip as the
@@ -107,6 +120,7 @@ def one_cycle(rt: Runtime, policies: PolicySet | None = None) -> tuple[Applied, 
     t1 = time.perf_counter()
     plan = run_cycle(snap, policies or configured, memory=builder.memory)
     t2 = time.perf_counter()
+    _say_set_aside(rt, plan)
     applied = apply_plan(rt, plan)
     t3 = time.perf_counter()
     metrics.scheduler_metrics(rt.config.classes).observe_cycle(

@@ -42,6 +42,7 @@ from broker.metrics import Guard, SchedulerMetrics, scheduler_metrics, serve
 from broker.reach import hide_password, wait_for_redis
 from broker.reconciler import reconcile
 from broker.runtime import Runtime
+from policies.reasons import exception_text
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +141,22 @@ class Leader:
                     self._store_down("scheduling paused", e)
                     self.stop.wait(min(1.0, self.lease_s / 5))
                     self.reachable_since = time.time()  # judged again from when it answers
-                except Exception:  # a bug must not stop scheduling: say it, and go on
+                except Exception as e:  # a bug must not stop scheduling: say it, count it, go on
                     log.exception("a cycle failed; the next one runs in a second")
+                    self.cycle_failed(e)
                     self.stop.wait(1.0)
         finally:
             self.stop.set()
             renewer.join(self.lease_s)
             self.resign()
             self.metrics.observe_leadership(False)
+
+    def cycle_failed(self, e: Exception) -> None:
+        """Count a failed cycle and record it in the store, where ``spillway status`` and
+        ``explain`` read it (if the store answers: else only the count and the log)."""
+        self.metrics.observe_cycle_failure()
+        with contextlib.suppress(redis.RedisError):
+            self.rt.store.record_cycle_failure(time.time(), exception_text(e))
 
     def _store_down(self, what: str, e: Exception) -> None:
         """Say that Redis does not answer: at once, then once every DOWN_LOG_S while it stays

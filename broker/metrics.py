@@ -148,6 +148,18 @@ class SchedulerMetrics:
         self.requeues = Counter(
             "spillway_reconciler_requeues_total", "Jobs the reconciler requeued from nodes "
             "whose lease ran out", registry=r)
+        self.cycle_failures = Counter(
+            "spillway_cycle_failures_total", "Scheduling cycles that failed: an exception the "
+            "cycle could not set aside with one job (a policy failing for every job, a broken "
+            "setting, a bug in applying the plan); the leader runs the next a second later",
+            registry=r)
+        self.set_aside = Counter(
+            "spillway_jobs_set_aside_total", "Jobs set aside by a cycle because a policy "
+            "raised an exception deciding about them, by role and policy (once per cycle: a "
+            "job set aside by ten cycles counts ten)", ["role", "policy"], registry=r)
+        self.set_aside_now = Gauge(
+            "spillway_set_aside_jobs", "Jobs the last cycle set aside (a policy failed on "
+            "them; `spillway status` lists them, `spillway explain JOB` says why)", registry=r)
         self.leader = Gauge("spillway_leader", "1 while this scheduler leads, else 0",
                             registry=r)
         self.leadership_changes = Counter(
@@ -182,6 +194,9 @@ class SchedulerMetrics:
                 self._queue(snap, {j.id for j in applied.started})
                 self._capacity(snap, applied)
             self._started(snap, applied)
+            self.set_aside_now.set(len(plan.set_aside))
+            for aside in plan.set_aside.values():
+                self.set_aside.labels(aside.role, aside.policy).inc()
             stopped = {j.id for j in applied.stopping}
             for pre in plan.preemptions:
                 if pre.job_id in stopped:
@@ -254,6 +269,11 @@ class SchedulerMetrics:
 
     # -- the leader's loop ------------------------------------------------------------------
 
+    def observe_cycle_failure(self) -> None:
+        """A cycle (or its apply, or the reconciler after it) raised: the leader's loop
+        caught it and goes on."""
+        self.cycle_failures.inc()
+
     def observe_reconcile(self, result: Mapping[str, int]) -> None:
         """Update from one reconciler pass (broker/reconciler.py's counts)."""
         self.requeues.inc(result.get("requeued", 0))
@@ -268,6 +288,7 @@ class SchedulerMetrics:
                 if not leading:
                     for z in self._per_cycle:
                         z.clear()
+                    self.set_aside_now.set(0.0)
                     self._breached = set()
             self.leader.set(1.0 if leading else 0.0)
 

@@ -158,6 +158,10 @@ class Plan:
     set_aside: Mapping[str, SetAside] = field(default_factory=dict)
 
 
+#: the reason code of a job set aside: a policy raised an exception deciding about it
+POLICY_ERROR = "PolicyError"
+
+
 @dataclass(frozen=True)
 class SetAside:
     """A job a policy failed on, set aside for one cycle: the policy (its role and registered

@@ -11,6 +11,7 @@ import math
 from pathlib import PurePath
 
 from broker.model import Job, Reason, Resources
+from broker.plan import POLICY_ERROR
 from policies.cycle import Cycle
 
 FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
@@ -20,8 +21,6 @@ FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlie
 DEFERRED_FOR_CARBON = "DeferredForCarbon"
 
 
-#: a policy raised an exception while deciding about the job: it is set aside for the cycle
-POLICY_ERROR = "PolicyError"
 
 
 def policy_error(role: str, name: str, error: str) -> Reason:

@@ -28,8 +28,10 @@ from broker.cli.common import (
 )
 from broker.cli.render import nodes_table, queued_at
 from broker.cli.root import app
+from broker.plan import POLICY_ERROR
 
 Opt = typer.Option
+FAILED_WINDOW_S = 600.0  # status counts the cycles that failed this long back
 
 
 def status_data(client: Any) -> dict[str, Any]:
@@ -49,6 +51,10 @@ def status_data(client: Any) -> dict[str, Any]:
         row["oldest_wait_s"] = round(max(row["oldest_wait_s"], now - queued_at(job)), 3)
     active = {s: sum(j.state.value == s for j in snap.active)
               for s in ("STARTING", "RUNNING", "STOPPING")}
+    failed = store.cycle_failures(since=now - FAILED_WINDOW_S)
+    aside = [{"job": job_id, "message": r.message}
+             for job_id, r in store.reasons([j.id for j in snap.pending]).items()
+             if r.code == POLICY_ERROR]
     return {
         "at": now,
         "leader": None if leader is None else {"token": leader[0],
@@ -62,6 +68,12 @@ def status_data(client: Any) -> dict[str, Any]:
         "active": active,
         "instances": [{"state": st, "count": n} for st, n in sorted(Counter(
             i.state.value for i in store.instances(live_only=True)).items())],
+        # scheduling cycles that failed lately, and jobs a policy failed on (set aside)
+        "cycles": {"window_s": FAILED_WINDOW_S, "failed": len(failed),
+                   "last_failure": None if not failed else {
+                       "at": failed[0][0], "ago_s": round(max(0.0, now - failed[0][0]), 3),
+                       "error": failed[0][1]}},
+        "set_aside": aside,
     }
 
 
@@ -97,8 +109,28 @@ def status_screen(data: dict[str, Any]) -> Group:
               Text.assemble(("Running    ", "bold"), f"{data['running']} job(s) "
                             f"({a['STARTING']} starting, {a['STOPPING']} stopping)"),
               Text.assemble(("Cloud      ", "bold"), ", ".join(
-                  f"{i['count']} {i['state']}" for i in data["instances"]) or "none")]
+                  f"{i['count']} {i['state']}" for i in data["instances"]) or "none"),
+              *_health_lines(data)]
     return Group(*parts)
+
+
+def _health_lines(data: dict[str, Any]) -> list[Text]:
+    """Failed cycles lately and jobs set aside: what to look at when nothing is scheduled."""
+    cycles, aside = data["cycles"], data["set_aside"]
+    last = cycles["last_failure"]
+    window = fmt_duration(cycles["window_s"])
+    lines = [Text.assemble(("Cycles     ", "bold"), (
+        f"{cycles['failed']} failed in the last {window}, the last {fmt_duration(last['ago_s'])}"
+        f" ago: {last['error']} (the scheduler's log has the traceback)", "red")
+        if last else (f"none failed in the last {window}", "green"))]
+    if aside:
+        ids = ", ".join(a["job"] for a in aside[:10]) + (", ..." if len(aside) > 10 else "")
+        lines.append(Text.assemble(("Set aside  ", "bold"), (
+            f"{len(aside)} job(s) a policy failed on: {ids} (`spillway explain JOB` says "
+            "which policy and why)", "yellow")))
+    else:
+        lines.append(Text.assemble(("Set aside  ", "bold"), "none"))
+    return lines
 
 
 @app.command()

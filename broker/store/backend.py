@@ -133,6 +133,14 @@ class Backend(Leadership, ABC):
     def _get_order(self) -> QueueOrder | None: ...
 
     @abstractmethod
+    def _put_cycle_failure(self, at: float, error: str, keep: int) -> None:
+        """Record a failed scheduling cycle (the newest ``keep`` are kept)."""
+
+    @abstractmethod
+    def _get_cycle_failures(self) -> list[tuple[float, str]]:
+        """The failed cycles recorded, newest first: (time, error)."""
+
+    @abstractmethod
     def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
                     now: float, node_id: str = "") -> None:
         """Append (stream, text) lines to node ``node_id``'s log of an attempt ("": the node

@@ -41,6 +41,8 @@ from broker.store.events import JobEvent
 from broker.store.instances import Block
 from broker.store.status import CHANGED, FENCED, OK, RETRIES, VERSION, Usage
 
+FAILURES_KEPT = 1000  # failed cycles recorded (about 16 minutes of one a second)
+
 
 def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:12]
@@ -429,6 +431,19 @@ class BaseStore(Backend):
         """The pending queue as the last applied Plan ranked it (``Plan.order`` less the jobs
         it started), and when; None if no Plan was ever applied."""
         return self._get_order()
+
+    def reasons(self, job_ids: Sequence[str]) -> dict[str, Reason]:
+        """The recorded reasons of these pending jobs (those that have one)."""
+        return {i: r for i, r in zip(job_ids, self._read_reasons(job_ids)) if r is not None}
+
+    def record_cycle_failure(self, now: float, error: str) -> None:
+        """A scheduling cycle failed with ``error`` (the leader's loop records it, so that
+        ``spillway status`` and ``explain`` can say so; the newest FAILURES_KEPT are kept)."""
+        self._put_cycle_failure(now, error, FAILURES_KEPT)
+
+    def cycle_failures(self, since: float = 0.0) -> list[tuple[float, str]]:
+        """The failed cycles recorded since ``since`` (time, error), newest first."""
+        return [f for f in self._get_cycle_failures() if f[0] >= since]
 
     def queue_position(self, job_id: str) -> tuple[int | None, int, float] | None:
         """(1-based place in the last cycle's queue or None if unranked, queue length, time of

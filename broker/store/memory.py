@@ -37,6 +37,7 @@ class MemoryStore(BaseStore):
         self._runtimes: list[tuple[str, str, int, float, float]] = []
         self._reservation: str | None = None
         self._queue_order: QueueOrder | None = None
+        self._failures: list[tuple[float, str]] = []  # failed cycles, newest first
         self._leadership: tuple[str, float] | None = None  # (token, lease end)
         self._epoch = 0
         self._archived: dict[str, bytes] = {}  # job id -> compressed JSON (retention)
@@ -74,6 +75,14 @@ class MemoryStore(BaseStore):
 
     def _get_order(self) -> QueueOrder | None:
         return self._queue_order
+
+    def _put_cycle_failure(self, at: float, error: str, keep: int) -> None:
+        with self._lock:
+            self._failures = [(at, error), *self._failures][:keep]
+
+    def _get_cycle_failures(self) -> list[tuple[float, str]]:
+        with self._lock:
+            return list(self._failures)
 
     def _load_instances(self, request_ids: Sequence[str] | None = None,
                         live_only: bool = False) -> list[tuple[Instance, int]]:

@@ -74,7 +74,7 @@ class RedisRecords(BaseStore):
         self._k_usage, self._k_runtimes, self._k_reservation = (
             f"{p}usage", f"{p}runtimes", f"{p}reservation")
         self._usage_script = self.redis.register_script(ADD_USAGE)
-        self._k_order = f"{p}order"
+        self._k_order, self._k_failures = f"{p}order", f"{p}cycle:failures"
         self._k_archive = f"{p}archive"
         self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
         self._acquire_script = self.redis.register_script(ACQUIRE)
@@ -360,6 +360,16 @@ class RedisRecords(BaseStore):
         head, _, body = _str(raw).partition("\n")
         at, total = head.split()
         return QueueOrder(tuple(body.split()), int(total), float(at))
+
+    def _put_cycle_failure(self, at: float, error: str, keep: int) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lpush(self._k_failures, json.dumps([at, error]))
+        pipe.ltrim(self._k_failures, 0, keep - 1)
+        pipe.execute()
+
+    def _get_cycle_failures(self) -> list[tuple[float, str]]:
+        return [(float(at), str(error)) for at, error in
+                (json.loads(r) for r in self.redis.lrange(self._k_failures, 0, -1))]
 
     # -- cloud instances -----------------------------------------------------------------------
 

@@ -189,12 +189,26 @@ def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_promtool_rule_tests_pass() -> None:
+    """The alerts' own unit tests (infra/prometheus/tests/*.yml): series in, alerts out."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus; "
+                    ".ci/run installs it)")
+    tests = sorted(str(p) for p in (INFRA / "prometheus" / "tests").glob("*.yml"))
+    assert tests
+    done = subprocess.run([promtool, "test", "rules", *tests], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_rules_cover_the_operations_alerts() -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     rules = {r["alert"]: r for g in groups for r in g["rules"]}
     assert set(rules) >= {"SpillwaySLABreaches", "SpillwayAgentDown", "SpillwayNoLeader",
                           "SpillwayCycleTooSlow", "SpillwayInstancesStuckBooting",
-                          "SpillwayOrphanInstances"}
+                          "SpillwayOrphanInstances", "SpillwayCyclesFailing",
+                          "SpillwayJobsSetAside"}
     no_leader = rules["SpillwayNoLeader"]
     assert "sum(spillway_leader) == 0" in no_leader["expr"] and no_leader["for"] == "30s"
 
