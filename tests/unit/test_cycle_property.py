@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import broker.sim.carbon_metrics  # noqa: F401  (declares the cluster files' sim_deadlines)
+from broker import carbon_sim
 from broker.config import DEFAULT_CLASSES
 from broker.model import Allocation, Instance, InstanceState, Job, JobSpec, Node, Offer, Site
 from broker.model.cloud import Market
@@ -38,10 +39,11 @@ TYPES = ("A100", "A100-80GB", "V100", "H100", "T4")
 
 
 def shipped_bundles() -> dict[str, tuple[PolicySet, dict[str, Any]]]:
-    """Bundle name -> (bundle, the settings its cluster file gives): the built-in bundles and
-    those built in the shipped cluster files."""
+    """Bundle name -> (bundle, the settings its cluster file gives): the built-in bundles,
+    those built in the shipped cluster files, and the carbon bench's."""
     out: dict[str, tuple[PolicySet, dict[str, Any]]] = {
         name: (ps, {}) for name, ps in BUNDLES.items()}
+    out[carbon_sim.POLICY.name] = (carbon_sim.POLICY, {})
     for name in shipped_clusters():
         cluster = load_cluster(name)
         for bname, ps in cluster.policies.items():
