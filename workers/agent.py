@@ -322,6 +322,8 @@ class Agent:
             return
         self.channel.report_many([Report(j, a, Preempted(kind.value, reason), now)
                                   for j, a in todo])
+        if len(self._preempted) > _DONE_MEMORY:  # (a drain's: forgotten once long past)
+            self._preempted.clear()
         self._preempted.update(todo)
 
     # -- ending --------------------------------------------------------------------------------
