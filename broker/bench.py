@@ -283,6 +283,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
     measure job starts per second, submit-to-running latency on an idle cluster, and
     Celery's own throughput: no-op tasks through a stock Celery worker (broker/bench_noop.py),
     and through one agent's queue for the record."""
+    import os
     import shutil
     import signal
     import tempfile
@@ -292,6 +293,7 @@ def bench_dispatch(jobs: int = 2000, agents: int = 2, gpus_per_agent: int = 8,
     from broker.model import JobSpec
 
     tmp = tempfile.mkdtemp(prefix="spillway-bench-")
+    os.chmod(tmp, 0o711)  # (agents as root run jobs as per-team users, who pass through)
     server = None if redis_url else EmbeddedRedis(tmp)
     url = redis_url or server.url  # type: ignore[union-attr]
     procs = []

@@ -325,8 +325,8 @@ def test_an_agent_start_reclaims_the_job_cgroups_a_crash_left(tmp_path: Path) ->
     box = old.box("left", 1, 0, memory_gb=0, cpus=0)
     p = start(box, ["env", "-i", "sleep", "300"], start_new_session=True)
     wait_for(lambda: keeper.pids_in(box.dirs[0]), 5, "the leftover's process")
-    agent = Agent(MemoryStore(), Config(heartbeat_s=60.0), Node(node, (), incarnation="i2"),
-                  work)
+    agent = Agent(MemoryStore(), Config(heartbeat_s=60.0, job_isolation=False),
+                  Node(node, (), incarnation="i2"), work)
     try:
         assert agent.register()
         assert p.wait(5) == -9

@@ -78,7 +78,11 @@ def test_what_the_agent_says_when_it_cannot_isolate(top: Path,
 def test_jobs_go_where_their_users_can_reach(tmp_path: Path, top: Path) -> None:
     assert users.jobs_dir(str(top / "work"), "n1") == str(top / "work")
     moved = users.jobs_dir(str(tmp_path / "work"), "n1")  # (/tmp/pytest-of-root: 0700)
-    assert moved.startswith("/var/tmp/spillway-root/n1-") and users.traversable(moved) == ""
+    try:
+        assert moved.startswith("/var/tmp/spillway-root/n1-")
+        assert users.traversable(moved) == ""
+    finally:
+        os.rmdir(moved)  # (no ghost: it was made for this test's work dir alone)
 
 
 @ROOT_ONLY

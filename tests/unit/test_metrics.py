@@ -223,7 +223,8 @@ def test_agent_metrics_count_real_job_processes(tmp_path: Path,
     node = Node("n1", (Gpu("GPU-a", 0, "A100-80GB", 80.0), Gpu("GPU-b", 1, "A100-80GB", 80.0)),
                 incarnation="i1")
     store.heartbeat(node, 1e9, 0.0)
-    agent = Agent(store, Config(grace_s=5.0), node, str(tmp_path / "agent"))
+    agent = Agent(store, Config(grace_s=5.0, job_isolation=False), node,
+                  str(tmp_path / "agent"))
     m.count_running(lambda: len(agent._local))
     server = serve(m.registry, 0, "127.0.0.1")
     assert server is not None

@@ -366,7 +366,8 @@ class AgentHarness(Harness):
         self.triggers = 0
         self.stops: list[Job] = []
         node = self.store.nodes()[0]
-        self.agent = Agent(self.store, Config(grace_s=5.0), node, str(self.work_dir),
+        self.agent = Agent(self.store, Config(grace_s=5.0, job_isolation=False), node,
+                           str(self.work_dir),
                            trigger=self._trigger, send_stops=self.stops.append)
         self.sup = self.agent.sup
 

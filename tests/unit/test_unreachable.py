@@ -32,7 +32,8 @@ def _env(tmp_path: Path, retry_s: float) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPILLWAY_")}
     env.update(HOME=str(tmp_path), SPILLWAY_STATE_DIR=str(tmp_path / "state"),
                SPILLWAY_METRICS_PORT="0", SPILLWAY_AGENT_METRICS_PORT="0",
-               SPILLWAY_REDIS_RETRY_S=str(retry_s), COLUMNS="200")
+               SPILLWAY_REDIS_RETRY_S=str(retry_s), SPILLWAY_JOB_ISOLATION="false",
+               COLUMNS="200")
     return env
 
 
