@@ -69,7 +69,7 @@ class AgentProc:
 
     def start(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPILLWAY_")}
-        env.update(FAST, PYTHONUNBUFFERED="1")
+        env.update(FAST, PYTHONUNBUFFERED="1", SPILLWAY_JOB_ISOLATION="false")
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "workers", "--redis-url", self.url, "--node-id",

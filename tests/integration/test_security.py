@@ -177,11 +177,12 @@ def cli(url: str, tmp: Path, *args: str, **extra: str) -> subprocess.CompletedPr
 
 @pytest.mark.slow
 def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
-        server: Server, tmp_path: Path) -> None:
+        server: Server, tmp_path: Path, passable_tmp: Path) -> None:
     admin = server.admin
     admin.flushall()
     admin.acl_log_reset()
     node = f"sec-{uuid.uuid4().hex[:6]}"
+    work = passable_tmp  # (the agents' work dirs: their jobs' users pass through to theirs)
     sched_url, sched_pw = server.user("scheduler")
     api_url, api_pw = server.user("api")
     agent_url, agent_pw = server.user("agent", node)
@@ -196,7 +197,7 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True))
 
     agent_args = ("worker", "--node-id", node, "--gpus", "1xA100-80GB", "--cpus", "2",
-                  "--memory", "4", "--work-dir", str(tmp_path / "work"))
+                  "--memory", "4", "--work-dir", str(work / "work"))
     try:
         spawn("scheduler", sched_url, "scheduler")
         spawn("agent", agent_url, *agent_args)
@@ -231,7 +232,7 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
         secrets.add(agent2_pw)
         logs["agent2"] = tmp_path / "agent2.log"
         spawn("agent2", agent2_url, *agent_args[:2], node2, *agent_args[3:-1],
-              str(tmp_path / "work2"))
+              str(work / "work2"))
         with Client(api_url) as client:
             wait_until(lambda: any(n.id == node2 for n in client.nodes()), 60,
                        "the second agent to register")
@@ -312,14 +313,14 @@ def test_scheduler_and_agent_over_tls_with_their_own_users_and_no_secret_leaks(
             proc.terminate()
         for proc in procs:
             proc.wait(30)
-        for path in tmp_path.rglob("*"):
+        for path in (*tmp_path.rglob("*"), *work.rglob("*")):
             if path.is_file() and path.suffix in (".log", ".out", ".err", ".txt", ""):
                 seen[str(path)] = path.read_text(errors="replace")
         assert any("scheduler" in k for k in seen) and any("agent.log" in k for k in seen)
         leaks = [(where, s[:12]) for where, text in seen.items() for s in secrets if s in text]
         assert leaks == [], leaks
         # a secret of the job's own spec reaches the job and its output, nothing else
-        job_text = ("job output", "logs ", str(tmp_path / "work"))
+        job_text = ("job output", "logs ", str(work / "work"))
         shown = [where for where, text in seen.items()
                  if USER_SECRET in text and not where.startswith(job_text)]
         assert shown == [], shown
