@@ -31,7 +31,7 @@ from broker.energy_settings import CarbonSettings, EnergySettings, parse_carbon,
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
 from broker.model.classes import ROLES
-from broker.model.spec import MAX_TIME_LIMIT_S
+from broker.model.values import MAX_TIME_LIMIT_S
 
 __all__ = [  # PriorityClass and Team are re-exported: callers import them from here too
     "CLASS_KEYS",

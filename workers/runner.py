@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.errors import ConfigError, JobNotFound, StaleAttempt
 from broker.model import Job
-from broker.model.spec import MAX_TIME_LIMIT_S, seconds_text
+from broker.model.values import MAX_TIME_LIMIT_S, seconds_text
 from broker.security.redact import job_base_env
 from broker.store.events import STOPPED, JobEvent, StartFailed
 from workers import cgroupfs

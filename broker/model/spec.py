@@ -12,12 +12,10 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import cached_property
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     ValidationError,
@@ -28,14 +26,18 @@ from pydantic import (
 from broker.errors import FieldError, SpecError
 from broker.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
 from broker.model.classes import PriorityClass, Team
+from broker.model.values import (
+    MAX_DEADLINE,
+    EnvName,
+    NoNul,
+    no_nul,
+    over_max,
+    parse_duration,
+    parse_time,
+    shown,
+)
 
 SITES = ("onprem", "cloud", "spot")
-#: The longest time limit by default (the configuration's ``max_time_limit_s``): 30 days.
-MAX_TIME_LIMIT_S = 30 * 86400.0
-#: The latest deadline: the end of year 9999 (what a timestamp can be shown as), UTC.
-MAX_DEADLINE = 253402300799.0
-_DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)")
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 class SpecDefaults(Protocol):
@@ -56,78 +58,6 @@ class SpecDefaults(Protocol):
     def priority(self, name: str) -> PriorityClass | None: ...
 
     def team(self, name: str) -> Team: ...
-
-
-def parse_duration(value: str | float | int) -> float:
-    """``"6h"``, ``"1h30m"``, ``"90s"``, ``"2d"``, ``"HH:MM:SS"`` or seconds, as seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    if re.fullmatch(r"\d+:\d{2}(:\d{2})?", text):
-        parts = [int(p) for p in text.split(":")]
-        while len(parts) < 3:
-            parts.append(0)
-        return float(parts[0] * 3600 + parts[1] * 60 + parts[2])
-    pos, total = 0, 0.0
-    for m in _DUR_RE.finditer(text.replace(" ", "")):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if pos == 0 or pos != len(text.replace(" ", "")):
-        raise ValueError(f"{value!r} is not a duration like 90s, 30m, 6h, 1h30m, 2d or HH:MM:SS")
-    return total
-
-
-def parse_time(value: str | float | int) -> float:
-    """An ISO 8601 timestamp (UTC if no zone) or epoch seconds, as epoch seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    try:
-        dt = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{value!r} is not an ISO 8601 time or epoch seconds") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
-
-
-def _env_name(name: str) -> str:
-    """An environment variable's name: not empty, no ``=`` nor NUL (execve could not pass it:
-    the job would fail only on its node)."""
-    if not name:
-        raise ValueError("is empty")
-    if "=" in name:
-        raise ValueError("contains '='")
-    if "\0" in name:
-        raise ValueError("contains a NUL byte")
-    return name
-
-
-def _no_nul(text: str) -> str:
-    if "\0" in text:
-        raise ValueError("contains a NUL byte, which no process's environment, argument or "
-                         "path can hold")
-    return text
-
-
-EnvName = Annotated[str, AfterValidator(_env_name)]
-NoNul = Annotated[str, AfterValidator(_no_nul)]
-
-
-def _shown(value: Any) -> str:
-    """A value for a message, cut to a readable length."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def seconds_text(secs: float) -> str:
-    """Seconds for a message: ``2592000s (30 days)``."""
-    text = f"{secs:.10g}s"
-    return f"{text} ({secs / 86400:.8g} days)" if math.isfinite(secs) and secs >= 86400 \
-        else text
 
 
 @dataclass(frozen=True)
@@ -192,7 +122,7 @@ class JobSpec(BaseModel):
         if isinstance(v, str):
             if not v.strip():
                 raise ValueError("must not be empty")
-            _no_nul(v)
+            no_nul(v)
             try:
                 shlex.split(v)
             except ValueError as e:
@@ -201,7 +131,7 @@ class JobSpec(BaseModel):
         if not v or not v[0].strip():
             raise ValueError("must be a non-empty argv list or shell string")
         for arg in v:
-            _no_nul(arg)
+            no_nul(arg)
         return v
 
     @field_validator("gpus")
@@ -263,9 +193,9 @@ class JobSpec(BaseModel):
             return None
         secs = parse_duration(v)
         if not math.isfinite(secs):
-            raise ValueError(f"must be a finite duration, got {_shown(v)}")
+            raise ValueError(f"must be a finite duration, got {shown(v)}")
         if secs <= 0:
-            raise ValueError(f"must be positive, got {_shown(v)}")
+            raise ValueError(f"must be positive, got {shown(v)}")
         return secs  # (at most the configuration's max_time_limit_s: checked())
 
     @field_validator("deadline", mode="before")
@@ -275,7 +205,7 @@ class JobSpec(BaseModel):
             return None
         t = parse_time(v)
         if not (math.isfinite(t) and 0 <= t <= MAX_DEADLINE):
-            raise ValueError(f"must be a time between 1970 and the end of 9999, got {_shown(v)}")
+            raise ValueError(f"must be a time between 1970 and the end of 9999, got {shown(v)}")
         return t
 
     @field_validator("sites", mode="before")
@@ -286,9 +216,9 @@ class JobSpec(BaseModel):
         parts = [p.strip().lower() for item in items for p in str(item).split(",") if p.strip()]
         bad = list(dict.fromkeys(p for p in parts if p not in SITES))
         if len(bad) == 1:
-            raise ValueError(f"{_shown(bad[0])} is not a site")
+            raise ValueError(f"{shown(bad[0])} is not a site")
         if bad:
-            raise ValueError(f"{', '.join(_shown(b) for b in bad)} are not sites")
+            raise ValueError(f"{', '.join(shown(b) for b in bad)} are not sites")
         if not parts:
             raise ValueError("is empty; name at least one site")
         return tuple(dict.fromkeys(parts))
@@ -352,7 +282,7 @@ class JobSpec(BaseModel):
                     limit = cls._time_limit(data.get("time_limit"))
                 except ValueError:
                     limit = None
-                errors += _over_max(limit, config)
+                errors += over_max(limit, config.max_time_limit_s)
             raise SpecError(errors) from None
         return spec.checked(config) if config is not None else spec
 
@@ -369,7 +299,7 @@ class JobSpec(BaseModel):
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", team):
             problems.append(FieldError("team", f"{team!r} is not a valid team name",
                                        "1-64 letters, digits, '.', '_' or '-'"))
-        problems += _over_max(self.time_limit, config)
+        problems += over_max(self.time_limit, config.max_time_limit_s)
         cap = config.team(team).class_cap(prio) if cls is not None and not problems else None
         gpus = self.gpus * self.nodes
         if cap is not None and gpus > cap:
@@ -383,17 +313,6 @@ class JobSpec(BaseModel):
         if prio == self.priority and team == self.team:
             return self
         return self.model_copy(update={"priority": prio, "team": team})
-
-
-def _over_max(limit: float | None, config: SpecDefaults) -> list[FieldError]:
-    """A time limit longer than the configuration's maximum, as the error naming it."""
-    most = config.max_time_limit_s
-    if limit is None or limit <= most:
-        return []
-    return [FieldError("time_limit", f"{seconds_text(limit)} is longer than the longest "
-                                     f"allowed, {seconds_text(most)}",
-                       f"a duration > 0 and at most {seconds_text(most)} (the configuration's "
-                       "max_time_limit_s)")]
 
 
 _ALLOWED_HINT = {
@@ -458,7 +377,7 @@ def _field_error(err: Mapping[str, Any]) -> FieldError:
                  loc) or "spec"
     kind = err.get("type")
     if kind in _NOT_A_NUMBER and "input" in err:  # (`--gpus two`: the value, in words)
-        msg = f"{_shown(err['input'])} {_NOT_A_NUMBER[str(kind)]}"
+        msg = f"{shown(err['input'])} {_NOT_A_NUMBER[str(kind)]}"
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(loc, list(JobSpec.model_fields), n=1)
         msg = "is not a JobSpec field" + (f"; did you mean {close[0]}?" if close else "")
