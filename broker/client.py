@@ -33,7 +33,7 @@ from broker.config import Config, load_config
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
 from broker.model.cloud import Offer
-from broker.reach import guarded
+from broker.reach import guarded, url_from_file
 from broker.runtime import Runtime
 from broker.state import TERMINAL, JobState
 from broker.store.backend import LogLine, QueueOrder
@@ -164,25 +164,6 @@ class NodeView:
         """The inverse of :meth:`to_dict` (an API server's reply)."""
         kept = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**{**kept, "jobs": tuple(kept.get("jobs", ()))})
-
-
-def url_from_file(path: str, what: str = "SPILLWAY_REDIS_URL_FILE") -> str:
-    """The URL in the file ``path`` (its first line; "" for no path). A credential file
-    belongs to its reader alone: ConfigError if it cannot be read or others may read it."""
-    if not path:
-        return ""
-    try:
-        st = os.stat(path)
-        with open(path) as f:
-            url = f.readline().strip()
-    except OSError as e:
-        raise ConfigError(f"{what}={path}: cannot read it ({e.strerror})") from None
-    if st.st_mode & 0o077:
-        raise ConfigError(f"{what}={path}: mode {st.st_mode & 0o777:o} lets other users read "
-                          f"the credentials in it; chmod 600 {path}")
-    if not url:
-        raise ConfigError(f"{what}={path}: the file is empty; it should hold one Redis URL")
-    return url
 
 
 def resolve_url(redis_url: str | None, config: Config) -> str:

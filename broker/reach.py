@@ -1,4 +1,5 @@
-"""Reaching Redis: the services' start-up wait, and the client's one error for an outage.
+"""Reaching Redis: the services' start-up wait, the client's one error for an outage, and
+a URL read from a credentials file (:func:`url_from_file`).
 
 ``spillway scheduler`` and ``spillway worker`` call :func:`wait_for_redis` before anything
 else touches the store: one log line per attempt, and after ``redis_retry_s`` a
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from typing import Any, TypeVar
@@ -19,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from broker.errors import StoreRefused, StoreUnreachable
+from broker.errors import ConfigError, StoreRefused, StoreUnreachable
 
 T = TypeVar("T")
 
@@ -119,3 +121,22 @@ def guarded(target: T, url: str) -> T:
     """``target`` (a store or a Redis client) whose calls raise StoreUnreachable instead of
     the Redis client's connection errors."""
     return _Guarded(target, url)  # type: ignore[return-value]
+
+
+def url_from_file(path: str, what: str = "SPILLWAY_REDIS_URL_FILE") -> str:
+    """The URL in the file ``path`` (its first line; "" for no path). A credential file
+    belongs to its reader alone: ConfigError if it cannot be read or others may read it."""
+    if not path:
+        return ""
+    try:
+        st = os.stat(path)
+        with open(path) as f:
+            url = f.readline().strip()
+    except OSError as e:
+        raise ConfigError(f"{what}={path}: cannot read it ({e.strerror})") from None
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{what}={path}: mode {st.st_mode & 0o777:o} lets other users read "
+                          f"the credentials in it; chmod 600 {path}")
+    if not url:
+        raise ConfigError(f"{what}={path}: the file is empty; it should hold one Redis URL")
+    return url

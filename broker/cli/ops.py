@@ -251,7 +251,7 @@ def worker(
         from workers.agent import run_agent
     except ImportError as e:  # pragma: no cover (the agent ships with the package)
         raise fail(f"the worker agent cannot be imported ({e}); reinstall spillway") from None
-    from broker.client import url_from_file
+    from broker.reach import url_from_file
 
     s = settings(ctx)
     url = url_from_file(str(redis_url_file), "--redis-url-file") if redis_url_file \

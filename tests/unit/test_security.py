@@ -198,3 +198,22 @@ def test_jobs_queued_before_seals_are_sealed_once_and_old_seals_still_match(
     doc.pop("labels")
     redis_client.set(seal.seal_key(redis_prefix, old.id), json.dumps(doc))
     assert store.spec_problems([store.get(old.id)]) == {}
+
+
+def test_a_url_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    from broker.errors import ConfigError
+    from broker.reach import url_from_file
+
+    f = tmp_path / "agent.url"
+    f.write_text("redis://agent-n1:s3cret-pw@h:6379/0\n")
+    os.chmod(f, 0o644)
+    with pytest.raises(ConfigError, match=r"mode 644 lets other users read .*chmod 600"):
+        url_from_file(str(f), "--redis-url-file")
+    os.chmod(f, 0o600)
+    assert url_from_file(str(f)) == "redis://agent-n1:s3cret-pw@h:6379/0"
+    f.write_text("")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        url_from_file(str(f))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        url_from_file(str(tmp_path / "missing"))
+    assert url_from_file("") == ""
