@@ -253,13 +253,6 @@ class BaseStore(Backend):
         (broker/security/seal.py; a backend without agents of its own seals nothing)."""
         return {}
 
-    def get_many_checked(self, job_ids: Sequence[str]
-                         ) -> tuple[list[Job | None], dict[str, str]]:
-        """:meth:`get_many` and :meth:`spec_problems` of the jobs found, in one round trip
-        where the backend can (an agent's read before it starts parts)."""
-        jobs = self.get_many(job_ids)
-        return jobs, self.spec_problems([j for j in jobs if j is not None])
-
     def seal_existing(self, now: float) -> int:
         """Seal, once per store, the live jobs queued before specs were sealed (an upgrade);
         returns how many (broker/security/seal.py)."""

