@@ -95,6 +95,7 @@ class Agent:
         self._drain_reason = f"Node {node.id} draining"
         self._quit = threading.Event()
         self._taken = threading.Event()  # the scheduler took this incarnation (acked)
+        self._next_beat = 0.0  # (until taken, the beat thread polls every 0.1 s)
         self._beat_thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class Agent:
             if self.isolation.keeper is not None:
                 self.isolation.keeper.ensure()  # a killed keeper is replaced within a beat
             try:
-                if taken or time.monotonic() >= getattr(self, "_next_beat", 0.0):
+                if taken or time.monotonic() >= self._next_beat:
                     self.heartbeat()
                     self._next_beat = time.monotonic() + self.config.heartbeat_s
                 if not taken and self._taken_yet():

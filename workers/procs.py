@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from broker.model import Job
-from workers.users import JobIdentity, own_dir
+from workers.users import JobIdentity, blocked_at, own_dir
 
 log = logging.getLogger(__name__)
 
@@ -180,24 +180,9 @@ def _job_dir(path: str, ident: JobIdentity | None) -> None:
 def can_enter(path: str, ident: JobIdentity) -> bool:
     """Could ``ident`` (uid, gid, groups) enter the directory ``path``: the ``x`` permission
     on it and on every directory above it, by owner, group or others as Unix checks."""
-    groups = {ident.gid, *ident.groups}
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(1, len(parts) + 1):
-        d = os.sep.join(parts[:i]) or os.sep
-        try:
-            st = os.stat(d)
-        except OSError:
-            return False
-        if st.st_uid == ident.uid:
-            bit = 0o100
-        elif st.st_gid in groups:
-            bit = 0o010
-        else:
-            bit = 0o001
-        if not st.st_mode & bit:
-            return False
-    return True
+    real = os.path.realpath(path)
+    return os.path.isdir(real) and not blocked_at(real, ident.uid,
+                                                 frozenset({ident.gid, *ident.groups}))
 
 
 def job_launch(job: Job, rank: int, gpu_ids: tuple[str, ...], node_id: str,

@@ -214,13 +214,25 @@ def own_dir(path: str, uid: int, gid: int, mode: int = 0o700) -> None:
 def traversable(path: str) -> str:
     """"" if every directory on the way to ``path`` lets other users pass (its ``x`` bit for
     others), else the first one that does not."""
-    path = os.path.abspath(path)
-    parts = path.split(os.sep)
+    return blocked_at(path)
+
+
+def blocked_at(path: str, uid: int | None = None, groups: frozenset[int] = frozenset()
+               ) -> str:
+    """The first directory on the way to ``path`` (``path`` included) that ``uid`` with
+    ``groups`` may not pass (its ``x`` bit as Unix checks it: owner, group, others; no uid:
+    any other user), or "" where it may pass them all. A directory not there yet is no
+    obstacle."""
+    parts = os.path.abspath(path).split(os.sep)
     for i in range(2, len(parts) + 1):
         d = os.sep.join(parts[:i]) or os.sep
-        with contextlib.suppress(FileNotFoundError):
-            if not os.stat(d).st_mode & 0o001:
-                return d
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in groups else 0o001
+        if not st.st_mode & bit:
+            return d
     return ""
 
 

@@ -143,3 +143,23 @@ def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path, gat
         for d in iso.node_dirs:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize(("mode", "owner", "group", "ok"), [
+    (0o700, True, False, True), (0o700, False, False, False), (0o710, False, True, True),
+    (0o701, False, False, True), (0o770, False, False, False), (0o755, False, False, True)])
+def test_a_workdir_the_jobs_user_cannot_enter_is_said_before_it_runs(
+        top: Path, mode: int, owner: bool, group: bool, ok: bool) -> None:
+    from workers.procs import can_enter
+    from workers.users import JobIdentity
+
+    d = top / "a" / "b"
+    d.mkdir(parents=True)
+    os.chmod(top / "a", mode)
+    os.chown(top / "a", 61190 if owner else 0, 61191 if group else 0)
+    ident = JobIdentity(61190, 61190, (61191,), "x", "/")
+    assert can_enter(str(d), ident) is ok
+    assert users.blocked_at(str(d), 61190, frozenset({61190, 61191})) == ("" if ok else
+                                                                            str(top / "a"))
+    assert can_enter(str(top / "missing"), ident) is False
