@@ -381,10 +381,11 @@ class Supervisor:
         # agent dies (one exec less).
         kept = bool(part._box is not None and part._box.dirs and self.isolation is not None
                     and self.isolation.kept())
-        if ident is not None and self._setpriv and (
-                not any(_root_unsafe(k) for k in job.spec.env) or all(
-                    _SHELL_NAME.match(k) and "\n" not in v for k, v in env.items())):
-            return self._dropped(part, job, ident, argv, cwd, env, kept, gated, program)
+        direct = not any(_root_unsafe(k) for k in job.spec.env)
+        if ident is not None and self._setpriv and (direct or all(
+                _SHELL_NAME.match(k) and "\n" not in v for k, v in env.items())):
+            return self._dropped(part, job, ident, argv, cwd, env, kept, gated, program,
+                                 direct)
         prefix = [] if kept else self._prefix
         argv = prefix + argv
         if gated:
@@ -392,14 +393,15 @@ class Supervisor:
         return _Launch(part, argv, cwd, env, job.spec.time_limit, program, ident, gated)
 
     def _dropped(self, part: RunningPart, job: Job, ident: JobIdentity, argv: list[str],
-                 cwd: str, env: dict[str, str], kept: bool, gated: bool, program: str
-                 ) -> _Launch:
+                 cwd: str, env: dict[str, str], kept: bool, gated: bool, program: str,
+                 direct: bool) -> _Launch:
         """A launch that switches to the job's user without forking the agent (a vfork,
         as for jobs as the agent's user): the one program that runs as root is ``setpriv``,
         which switches uid, gid and groups (and sets the parent-death signal), then runs the
         job. It gets the job's environment only where the spec sets none of the variables a
-        C library or dynamic loader would act on in a root process (:func:`_root_unsafe`: the
-        ones glibc drops for a set-user-id program, and the like); otherwise it gets ``PATH``
+        C library or dynamic loader would act on in a root process (``direct``;
+        :func:`_root_unsafe`: the ones glibc drops for a set-user-id program, and the like);
+        otherwise it gets ``PATH``
         alone and runs ``/bin/sh`` as the job's user, which reads the job's environment from
         a file of the user's (0600, in its team's home) and runs the job. Nothing of the
         spec that could act in a process of root's reaches one."""
@@ -407,8 +409,8 @@ class Supervisor:
             ["--clear-groups"]
         drop = [self._setpriv, "--reuid", str(ident.uid), "--regid", str(ident.gid), *groups,
                 *([] if kept else ["--pdeathsig", "KILL"]), "--"]
-        if not any(_root_unsafe(k) for k in job.spec.env):  # (the usual job: setpriv may
-            if gated:  # have its environment, as a set-user-id program would)
+        if direct:  # (the usual job: setpriv may have its environment, as a set-user-id
+            if gated:  # program would)
                 argv = ["/bin/sh", "-c", _GATE, "sh", *argv]
             return _Launch(part, [*drop, *argv], cwd, env, job.spec.time_limit, program,
                            None, gated)
