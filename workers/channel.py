@@ -31,7 +31,7 @@ from broker.store.base import BaseStore
 from broker.store.events import JobEvent
 from broker.store.lua import APPEND_LOGS
 from broker.store.node_reports import Registered, Report
-from broker.store.redis_records import append_logs
+from broker.store.redis_records import HELLO, NodeKeys, append_logs
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,10 @@ class RedisChannel:
 
     def __init__(self, client: Any, node_id: str, prefix: str = "sw:") -> None:
         self.redis, self.node_id, self.prefix = client, node_id, prefix
-        p, n = prefix, node_id
-        self._k_node, self._k_view, self._k_alloc = f"{p}node:{n}", f"{p}run:{n}", \
-            f"{p}alloc:{n}"
-        self._k_reports, self._k_hello = f"{p}reports:{n}", f"{p}nodes:hello"
+        self.keys = NodeKeys(prefix, node_id)
+        self._k_node, self._k_view, self._k_alloc = self.keys.node, self.keys.view, \
+            self.keys.alloc
+        self._k_reports, self._k_hello = self.keys.reports, f"{prefix}{HELLO}"
         self._append = client.register_script(APPEND_LOGS)
         self._registered = ""  # the incarnation this process reported Registered for
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -46,6 +46,39 @@ RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
 #: The fields of a node's hash a snapshot reads (``acked``: the agent incarnation the scheduler
 #: took; a node whose current incarnation it has not taken shows as DOWN).
 NODE_FIELDS = ["doc", "state", "incarnation", "lease_expires", "acked"]
+
+
+#: The stream where an agent says, once, that its node registered (after the store's prefix).
+HELLO = "nodes:hello"
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    """The keys of one node (after the store's ``prefix``): what its agent may touch
+    (broker/security/acl.py agent_keys gives its user these, as patterns), and the store."""
+
+    prefix: str
+    node_id: str
+
+    @property
+    def node(self) -> str:  # its record: doc, state, incarnation, lease, acked
+        return f"{self.prefix}node:{self.node_id}"
+
+    @property
+    def alloc(self) -> str:  # its GPUs' owners
+        return f"{self.prefix}alloc:{self.node_id}"
+
+    @property
+    def view(self) -> str:  # the jobs placed on it, their attempts and sealed specs
+        return f"{self.prefix}run:{self.node_id}"
+
+    @property
+    def reports(self) -> str:  # its agent's reports, for the leading scheduler
+        return f"{self.prefix}reports:{self.node_id}"
+
+    def logs(self, job_id: str, attempt: int | str) -> str:
+        """Its log stream of one attempt (each node of a gang writes its own)."""
+        return f"{self.prefix}logs:{job_id}:{attempt}@{self.node_id}"
 
 
 def _str(value: Any) -> str:
@@ -94,24 +127,23 @@ class RedisRecords(BaseStore):
         return f"{self.prefix}job:{job_id}"
 
     def _k_node(self, node_id: str) -> str:
-        return f"{self.prefix}node:{node_id}"
+        return NodeKeys(self.prefix, node_id).node
 
     def _k_alloc(self, node_id: str) -> str:
-        return f"{self.prefix}alloc:{node_id}"
+        return NodeKeys(self.prefix, node_id).alloc
 
     def _k_logs(self, job_id: str, attempt: int, node_id: str) -> str:
-        """A node's log stream of one attempt (each node of a gang writes its own)."""
-        return f"{self.prefix}logs:{job_id}:{attempt}@{node_id}"
+        return NodeKeys(self.prefix, node_id).logs(job_id, attempt)
 
     def _k_view(self, node_id: str) -> str:
-        return f"{self.prefix}run:{node_id}"
+        return NodeKeys(self.prefix, node_id).view
 
     def _k_reports(self, node_id: str) -> str:
-        return f"{self.prefix}reports:{node_id}"
+        return NodeKeys(self.prefix, node_id).reports
 
     @property
     def _k_hello(self) -> str:
-        return f"{self.prefix}nodes:hello"
+        return f"{self.prefix}{HELLO}"
 
     def _run_scripts(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
         """Run Lua scripts (script, keys, args) in one pipelined round trip, by their SHA.
@@ -527,7 +559,8 @@ def append_logs(script: Any, prefix: str, node_id: str, job_id: str, attempt: in
     args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S, job_id]
     for stream, text in lines:
         args += [stream, text]
-    keys = [f"{prefix}run:{node_id}", f"{prefix}logs:{job_id}:{attempt}@{node_id}"]
+    k = NodeKeys(prefix, node_id)
+    keys = [k.view, k.logs(job_id, attempt)]
     res = script(keys, args, client=client)
     if int(res[0]) != 1:
         raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))
