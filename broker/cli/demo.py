@@ -174,39 +174,50 @@ class Board:
         return self.done and (self.machines is None or self.machines.settled)
 
     def render(self, width: int = 120) -> Group:
-        """The live view, fitted to ``width`` columns: the job id is always shown; the last
-        output line, the team and the name are shortened, then dropped, when it is narrow."""
+        """The live view, fitted to ``width`` columns: the job id, the numbers, the site and
+        the devices are never cut (devices as ranges, 0-3, where lists do not fit); the last
+        output line, then the team, then the name are dropped (the name shortened only past
+        12 characters) and the note says which went."""
         now = time.time()
         counts = Counter(j.state for j in self.jobs.values())
         head = Text.assemble(
             ("Spillway demo", "bold"), f"  {self.node} {self.inventory}  ",
             f"{fmt_duration(now - self.t0)}  ",
             ", ".join(f"{s.value.lower()} {counts[s]}" for s in JobState if counts[s]))
-        note = Text("SITE: onprem or rented cloud-N; DEVICES: CUDA_VISIBLE_DEVICES, N of "
-                    "GPU-<node>-N" if self.machines is not None else
-                    f"DEVICES: CUDA_VISIBLE_DEVICES as each job saw it (GPU-{self.node}-N as N)",
-                    style="dim")
-        heads = ("ID", "NAME", "TEAM", "CLASS", "GPUS", "STATE", "WAITED", "RAN", "SITE",
-                 "DEVICES")
-        rows = []
-        for job_id, job in self.jobs.items():
-            rows.append((job.id, job.spec.name or "-", job.team, job.priority,
-                         gpus_text(job.spec), job.state.value, fmt_duration(_wait_of(job, now)),
-                         fmt_duration(_run_of(job, now)), self.where(job),
-                         self._short(job, self.devices.get(job_id, "")) or "-"))
-        # the id and the numbers are never cut; the last output line, the team and the name
-        # are shortened, then dropped in that order, to fit a narrow terminal
-        table, keep = fitted_table((*heads, "LAST OUTPUT"),
-                                   [(*r, self.last_line.get(r[0], "")) for r in rows], width,
-                                   shorten={1: 8, 2: 5, 10: 12}, droppable=(10, 2, 1))
+        heads = ("ID", "NAME", "TEAM", "CLASS", "GPUS", "STATE", "WAIT", "RAN", "SITE",
+                 "DEVICES", "LAST OUTPUT")
+        rows = [self._row(job_id, job, now, ranges=False) for job_id, job in self.jobs.items()]
+        natural = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(heads)] \
+            if rows else [len(h) for h in heads]
+        if sum(natural) + 2 * (len(heads) - 1) > width:
+            rows = [self._row(job_id, job, now, ranges=True)
+                    for job_id, job in self.jobs.items()]
+        table, keep = fitted_table(heads, rows, width, shorten={1: 12, 10: 12},
+                                   droppable=(10, 2, 1))
         for job, r in zip(self.jobs.values(), rows):
-            cells: list[Any] = [escape((*r, self.last_line.get(job.id, ""))[i]) for i in keep]
+            cells: list[Any] = [escape(r[i]) for i in keep]
             cells[keep.index(5)] = state_text(job.state)
             table.add_row(*cells)
-        if self.machines is None:
-            return Group(head, note, table)
-        names = {j.id: j.spec.name or j.id for j in self.jobs.values()}
-        return Group(head, note, table, Text(), self.machines.render(now, names, width))
+        note = ("SITE: onprem or rented cloud-N; DEVICES: CUDA_VISIBLE_DEVICES, N of "
+                "GPU-<node>-N" if self.machines is not None else
+                f"DEVICES: CUDA_VISIBLE_DEVICES as each job saw it (GPU-{self.node}-N as N)")
+        parts: list[Any] = [head, Text(note, style="dim"), table]
+        hidden = [heads[i] for i in (2, 10, 1) if i not in keep]
+        if hidden:
+            parts.append(Text(f"({', '.join(hidden)}: not shown at {width} columns)",
+                              style="dim"))
+        if self.machines is not None:
+            names = {j.id: j.spec.name or j.id for j in self.jobs.values()}
+            parts += [Text(), self.machines.render(now, names, width)]
+        return Group(*parts)
+
+    def _row(self, job_id: str, job: Job, now: float, ranges: bool) -> tuple[str, ...]:
+        devices = self._short(job, self.devices.get(job_id, ""))
+        return (job.id, job.spec.name or "-", job.team, job.priority, gpus_text(job.spec),
+                job.state.value, fmt_duration(_wait_of(job, now)),
+                fmt_duration(_run_of(job, now)), self.where(job),
+                (as_ranges(devices) if ranges else devices) or "-",
+                self.last_line.get(job_id, ""))
 
     def _short(self, job: Job, devices: str) -> str:
         """Static GPUs are named GPU-<node>-<index>: show the indices."""
@@ -216,6 +227,43 @@ class Board:
         if not ids or not all(d.startswith(prefix) for d in ids):
             return devices
         return ",".join(d.removeprefix(prefix) for d in ids)
+
+
+def as_ranges(devices: str) -> str:
+    """``0,1,2,3,6`` as ``0-3,6``: runs of three or more indices as ranges (other text as
+    it is)."""
+    parts = devices.split(",")
+    if not all(p.isdigit() for p in parts):
+        return devices
+    out: list[str] = []
+    run = [int(parts[0])]
+    for n in (int(p) for p in parts[1:]):
+        if n == run[-1] + 1:
+            run.append(n)
+            continue
+        out.append(_run_text(run))
+        run = [n]
+    out.append(_run_text(run))
+    return ",".join(out)
+
+
+def _run_text(run: list[int]) -> str:
+    return f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run))
+
+
+def say(text: str, width: int) -> None:
+    """Print prose wrapped at words to ``width`` (at most 100) columns, never inside a
+    `command` (a command longer than a line gets one of its own)."""
+    import textwrap
+
+    nbsp = "\u00a0"
+    pieces = text.split("`")
+    kept = "`".join(p.replace(" ", nbsp) if k % 2 else p for k, p in enumerate(pieces))
+    for para in kept.split("\n"):
+        lines = textwrap.wrap(para, min(width, 100), break_long_words=False,
+                              break_on_hyphens=False) or [""]
+        for line in lines:
+            out.print(escape(line.replace(nbsp, " ")), soft_wrap=True)
 
 
 def _wait_of(job: Job, now: float) -> float | None:
@@ -318,37 +366,45 @@ def demo(
     s = settings(ctx)
     cloud = not no_cloud
     configured = s.redis_url or s.config.redis_url
-    tmp = tempfile.TemporaryDirectory(prefix="spillway-demo-")
-    config_path = str(s.config_path) if s.config_path else None
-    if cloud:
-        config_path = str(demo_cloud.write_config(Path(tmp.name), config_path))
-    cluster = LocalCluster(Path(tmp.name), redis_url=configured, gpus=gpus, cpus=64,
-                           node_id=f"demo-{uuid.uuid4().hex[:6]}", config_path=config_path,
-                           stop_timeout=s.config.grace_s + 10, cloud="local" if cloud else None)
     install_stop_handlers()
+    # Everything the demo makes (Redis, logs, config, the agents' and the machines' state and
+    # job directories) lives in this directory, removed when the demo ends however it ends
+    tmp = tempfile.TemporaryDirectory(prefix="spillway-demo-", ignore_cleanup_errors=True)
     code = 0
     client = None
+    cluster = None
     try:
+        here = Path(tmp.name)
+        config_path = str(s.config_path) if s.config_path else None
+        if cloud:
+            config_path = str(demo_cloud.write_config(here, config_path))
+        cluster = LocalCluster(here, redis_url=configured, gpus=gpus, cpus=64,
+                               node_id=f"demo-{uuid.uuid4().hex[:6]}", config_path=config_path,
+                               env={"SPILLWAY_STATE_DIR": str(here / "state")},
+                               stop_timeout=s.config.grace_s + 10,
+                               cloud="local" if cloud else None)
         with err.status("starting Redis, the scheduler and a worker..."):
             cluster.start()
         kind = "embedded, stops with the demo" if cluster.embedded else "configured"
-        out.print(f"Redis {redacted(cluster.url)} ({kind}); worker {cluster.node_id} with {gpus}")
+        say(f"Redis {redacted(cluster.url)} ({kind}); worker {cluster.node_id} with {gpus}",
+            out.width)
         config = s.config
         if cloud:
             from broker.config import load_config
 
             config = load_config(config_path, env={})
-            out.print(escape(demo_cloud.intro()))
+            say(demo_cloud.intro(), out.width)
         client = Client(cluster.url, config)
         board = Board(client, cluster.node_id, gpus, cloud=cloud)
         code = _run(board, workload(jobs, cloud), _gpu_count(gpus), timeout, cluster)
         if board.done:
             notes = closing_notes(list(board.jobs.values()), config, backfill=not cloud)
             if board.machines is not None:
-                notes[-1:-1] = demo_cloud.notes(board.machines, list(board.jobs.values()))
+                notes[-1:-1] = demo_cloud.notes(board.machines, list(board.jobs.values()),
+                                                cluster.node_id)
             for note in notes:
                 out.print()
-                out.print(escape(note))
+                say(note, out.width)
     except (KeyboardInterrupt, _Stop):
         err.print("interrupted; shutting down")
         code = 130
@@ -357,12 +413,13 @@ def demo(
         # Ctrl-C stays ignored until the demo has exited: it is ending anyway)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if code not in (0, 130):  # the logs go with the temporary directory: show their ends
+        if cluster is not None and code not in (0, 130):  # the logs go with the directory
             for child in cluster.children:
                 err.print(f"--- {child.name} log (last lines) ---\n{escape(child.tail(30))}")
         if client is not None:
             client.close()
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         tmp.cleanup()
     raise typer.Exit(code)

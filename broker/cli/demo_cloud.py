@@ -20,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import fmt_duration
-from broker.cli.render import fitted_table
 from broker.model import Instance, InstanceState, Job
 
 CLUSTER = "demo"
@@ -60,7 +59,8 @@ def write_config(directory: Path, base: str | None = None) -> Path:
             "kind": "local", "gpus": GPUS, "cpus": 16, "memory_gb": 64,
             "price_per_hour": PRICE_PER_HOUR, "boot_delay_s": BOOT_DELAY_S,
             "idle_timeout_s": IDLE_TIMEOUT_S, "boot_timeout_s": 60, "stop_timeout_s": 5,
-            "max_instances": 4, "state_dir": str(directory / "cloud")}})
+            "max_instances": 4, "state_dir": str(directory / "cloud")}},
+        state_dir=str(directory / "state"))  # the machines' agents' work dirs too
     path = directory / "demo-config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -112,22 +112,48 @@ class Machines:
 
     def render(self, now: float, job_names: Mapping[str, str], width: int | None = None
                ) -> Table | Text:
-        """One row a machine, fitted to ``width``: the instance id, the jobs it was rented
-        for and its last move are shortened, then dropped, to fit."""
+        """One row a machine, fitted to ``width``: on one line each where that fits; else
+        without the instance id (the machine's short name stays), the jobs it was rented for
+        and its last move wrapped at words, never cut."""
         if not self.records:
             return Text("cloud: no machine rented yet", style="dim")
+        heads = ("MACHINE", "STATE", "UP", "COST", "INSTANCE", "FOR", "LAST MOVE")
         rows = []
         for rid, i in self.records.items():
             up = (i.ended_at or now) - i.requested_at
-            jobs = ",".join(job_names.get(j, j) for j in i.for_jobs) or "-"
+            jobs = [job_names.get(j, j) for j in i.for_jobs]
             rows.append((self.names[rid], i.state.value, fmt_duration(up),
-                         f"${up / 3600.0 * i.price_per_hour:.3f}", i.id, jobs, i.reason))
-        table, keep = fitted_table(("MACHINE", "STATE", "UP", "COST", "INSTANCE", "FOR",
-                                    "LAST MOVE"), rows, width, shorten={4: 12, 5: 10, 6: 12},
-                                   droppable=(6, 5, 4), title="cloud machines")
+                         f"${up / 3600.0 * i.price_per_hour:.3f}", i.id,
+                         ",".join(jobs) or "-", i.reason))
+        natural = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(heads)]
+        table = Table(title="cloud machines", title_justify="left", header_style="bold",
+                      box=None, pad_edge=False)
+        if width is None or sum(natural) + 2 * (len(heads) - 1) <= width:
+            for h in heads:
+                table.add_column(h, no_wrap=True)
+            for r in rows:
+                table.add_row(*(escape(c) for c in r))
+            return table
+        for h in heads[:4]:
+            table.add_column(h, no_wrap=True)
+        table.add_column("FOR", overflow="fold", min_width=12)
+        table.add_column("LAST MOVE", overflow="fold", min_width=12)
         for r in rows:
-            table.add_row(*(escape(r[k]) for k in keep))
+            table.add_row(*(escape(c) for c in r[:4]), escape(r[5].replace(",", ", ")),
+                          escape(r[6]))
         return table
+
+    def ran_on(self, job: Job, onprem_node: str) -> list[str]:
+        """Where ``job``'s attempts ran, in order, from its records: onprem or cloud-N (a
+        node no record names: its id)."""
+        places: list[str] = []
+        for attempt in job.attempts:
+            for alloc in attempt.allocations:
+                place = "onprem" if alloc.node_id == onprem_node else \
+                    self.name_of_node(alloc.node_id) or alloc.node_id
+                if place not in places:
+                    places.append(place)
+        return places
 
 
 def summary_rows(machines: Machines, left: int, now: float | None = None) -> list[tuple[str, str]]:
@@ -143,25 +169,42 @@ def summary_rows(machines: Machines, left: int, now: float | None = None) -> lis
             ("cloud machines left running", str(max(c["running"], left)))]
 
 
-def notes(machines: Machines, jobs: Iterable[Job]) -> list[str]:
+def notes(machines: Machines, jobs: Iterable[Job], onprem_node: str) -> list[str]:
     """What the demo says about the cloud when it ends: why the first machine was rented,
-    what ran there, and how it went away."""
-    first = next(iter(machines.records.values()), None)
-    if first is None:
+    where each job a machine was rented for actually ran (from the jobs' and the machines'
+    records: a machine may boot after on-prem GPUs free up, and its job runs there instead),
+    what else ran on them, and how they went away."""
+    if not machines.records:
         return ["No cloud machine was rented: on-prem started every job within its SLA."]
     by_id = {j.id: j for j in jobs}
-    launched = [by_id[j] for j in first.for_jobs if j in by_id]
+    ordered = sorted(machines.records.values(), key=lambda i: (i.requested_at, i.request_id))
+    first = ordered[0]
     name = machines.names[first.request_id]
     said = []
+    launched = [by_id[j] for j in first.for_jobs if j in by_id]
     if launched:
         job = launched[0]
+        ran = machines.ran_on(job, onprem_node)
+        where = ("and it ran there" if ran == [name] else
+                 f"but it ran on {' then '.join(ran)} instead" if ran
+                 else "but it never started")
         said.append(f"{job.spec.name} ({job.priority}, SLA {fmt_duration(SLA_S.get(job.priority))}"
                     f") found on-prem full until its long jobs ended: its SLA would break, so "
                     f"the burst phase rented {name} for it ({escape(first.offer_id)}, "
-                    f"${first.price_per_hour:.2f}/h) through the provisioner.")
-    others = sum(1 for j in by_id.values() if j.id not in first.for_jobs
-                 and any(a.node_id in (first.node_id, first.provider_id)
-                         for at in j.attempts for a in at.allocations))
+                    f"${first.price_per_hour:.2f}/h) through the provisioner, {where}.")
+    rented_for = []
+    for inst in ordered:
+        mine = [by_id[j] for j in inst.for_jobs if j in by_id]
+        if mine:
+            rented_for.append(f"{machines.names[inst.request_id]} for " + ", ".join(
+                f"{j.spec.name or j.id} (ran on "
+                f"{' then '.join(machines.ran_on(j, onprem_node)) or 'nothing'})"
+                for j in mine))
+    if rented_for:
+        said.append("Rented: " + "; ".join(rented_for) + ".")
+    burst = {j for inst in ordered for j in inst.for_jobs}
+    others = sum(1 for j in by_id.values() if j.id not in burst and any(
+        p.startswith("cloud-") for p in machines.ran_on(j, onprem_node)))
     if others:
         said.append(f"Once up, a rented machine is a node like any other: {others} more "
                     "job(s) that fitted ran there too, low ones included (a low job may not "

@@ -20,6 +20,7 @@ import pytest
 
 from broker.client import Client
 from broker.state import JobState
+from broker.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -135,6 +136,62 @@ def test_demo_runs_a_mixed_workload_and_cleans_up(tmp_path: Path) -> None:
     assert_all_gone(int(m.group(1)), where(m))
 
 
+XDG = ("XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
+
+
+def home_env(tmp_path: Path) -> dict[str, str]:
+    """:func:`clean_env` with the XDG directories under ``tmp_path`` too, and no COLUMNS (a
+    pipe: the demo's lines fit 80 columns)."""
+    env = clean_env(tmp_path)
+    del env["COLUMNS"]
+    (tmp_path / "home").mkdir()
+    env.update({key: str(tmp_path / "xdg" / key.lower()) for key in XDG})
+    return env
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    """Nothing under HOME, the XDG directories or TMPDIR from the demo (its temporary
+    directory included), and no process with that HOME (every process the demo starts,
+    rented machines and jobs included, has it)."""
+    home = tmp_path / "home"
+    assert not list(home.iterdir()), sorted(str(p) for p in home.rglob("*"))
+    left = sorted(str(p) for p in (tmp_path / "xdg").rglob("*")) \
+        if (tmp_path / "xdg").exists() else []
+    assert not left, left
+    assert not list(tmp_path.glob("spillway-demo-*")), list(tmp_path.glob("spillway-demo-*"))
+    poll_until(lambda: not environs(f"HOME={home}\x00"), 10, "the demo's processes to end",
+               error=AssertionError)
+
+
+def story(stdout: str) -> str:
+    """The demo's closing paragraphs, each on one line."""
+    return "\n".join(" ".join(p.split()) for p in stdout.split("\n\n"))
+
+
+def test_demo_piped_fits_80_columns_names_where_jobs_ran_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    # four jobs: three fill on-prem for 18 s, then a high one finds it full and bursts
+    proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo", "--jobs", "4"],
+                          env=home_env(tmp_path), capture_output=True, text=True, timeout=150,
+                          stdin=subprocess.DEVNULL)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "every job ended as planned" in proc.stdout
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines()), proc.stdout
+    assert "…" not in proc.stdout, proc.stdout  # nothing shortened
+    lines = proc.stdout.splitlines()
+    site = next(line.split() for line in lines if line.startswith("ID ")).index("SITE")
+    rows = {r[1]: r for r in (line.split() for line in lines if line.startswith("j-"))}
+    assert len(rows) == 4, proc.stdout
+    # the story names where each job a machine was rented for ran, as the table does
+    told = dict(re.findall(r"(\S+) \(ran on ([^)]+)\)", story(proc.stdout)))
+    assert "train-resnet" in told, proc.stdout
+    for name, places in told.items():
+        assert places.split(" then ")[-1] == rows[name][site], (name, proc.stdout)
+    assert "Traceback" not in output
+    assert_nothing_left(tmp_path)
+
+
 @pytest.mark.slow
 def test_demo_bursts_to_the_local_cloud_and_gives_every_machine_back(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "broker.cli", "demo"],
@@ -179,7 +236,7 @@ def test_demo_interrupted_again_and_again_mid_burst_leaves_nothing_running(tmp_p
     # Ctrl-C as a terminal sends it: the demo must see SIGINT even where this run was started
     # in the background of a shell without job control, which ignores SIGINT in its children
     proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "demo"],
-                            env=clean_env(tmp_path), stdout=subprocess.PIPE,
+                            env=home_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -211,6 +268,7 @@ def test_demo_interrupted_again_and_again_mid_burst_leaves_nothing_running(tmp_p
         assert "interrupted; shutting down" in rest
         assert "Traceback" not in rest
         assert_all_gone(int(url.rsplit(":", 1)[1].split("/")[0]), url)  # (url: where())
+        assert_nothing_left(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
