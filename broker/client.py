@@ -327,15 +327,19 @@ class Client:
 
     def _feasible(self, specs: builtins.list[JobSpec], hold: bool | None,
                   prefix: bool = False) -> None:
-        """SpecError when no registered node (up or down) and no cloud offer could ever hold
-        one of ``specs``, unless ``hold`` (default: the ``hold_if_infeasible`` setting)."""
+        """SpecError when no registered node (up, or dead for less than
+        ``node_forget_after_s``) and no cloud offer the job may burst to could ever hold one
+        of ``specs``, unless ``hold`` (default: the ``hold_if_infeasible`` setting)."""
         if self.config.hold_if_infeasible if hold is None else hold:
             return
         nodes, offers = self.store.nodes(), self._offers()  # once for the whole batch
+        now, cfg = time.time(), self.config
         problems: builtins.list[FieldError] = []
         for i, spec in enumerate(specs):
             problems += [FieldError(f"[{i}].{p.field}", p.problem, p.allowed) if prefix else p
-                         for p in feasible.problems(spec, nodes, offers)]
+                         for p in feasible.problems(spec, nodes, offers, classes=cfg.classes,
+                                                    now=now,
+                                                    forget_after_s=cfg.node_forget_after_s)]
         if problems:
             raise SpecError(problems)
 
@@ -540,6 +544,18 @@ class Client:
         node = self.store.set_node_state(node_id, NodeState.READY, by=self.actor or "operator")
         self._trigger()
         return node
+
+    def forget_node(self, node_id: str, force: bool = False) -> builtins.list[Job]:
+        """Remove a dead node from the store (its record, and from every submit-time check):
+        NodeNotFound for an unknown node; NodeBusy while its agent is alive, or while jobs are
+        recorded on it unless ``force`` (they are requeued, and the jobs requeued returned)."""
+        if self._remote is not None:
+            raise SpillwayError("forgetting a node needs the cluster's Redis (an operator's "
+                                "--redis-url), not the HTTPS API")
+        lost = self.store.forget_dead_node(node_id, time.time(), force)
+        if lost:
+            self._trigger()
+        return lost
 
     def nodes(self) -> builtins.list[NodeView]:
         """Every registered node with its GPUs (total and free, by kind) and running jobs."""

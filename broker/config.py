@@ -96,6 +96,9 @@ class Config:
     # pauses nor spot interruptions, broker/state.py UNCOUNTED_STOPS)
     hold_if_infeasible: bool = False  # queue a job that no registered node could ever hold
     # (false: submit refuses it, naming the field; true: it waits, e.g. for nodes to register)
+    node_forget_after_s: float = 86400.0  # a node dead (its lease run out) this long no
+    # longer counts when submit asks whether any node could ever hold a job (a ghost would
+    # accept jobs that can never run); `spillway nodes --forget NODE` removes one at once
     default_class: str = "normal"
     default_team: str = "default"
     state_dir: str = "~/.local/state/spillway"
@@ -163,6 +166,7 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
                       "FIRST-LAST, a range of uids such as 61184-65519"),
     "max_preemptions": (int, {"ge": 1}, "a whole number >= 1"),
     "hold_if_infeasible": (bool, {}, "true or false"),
+    "node_forget_after_s": (float, {"gt": 0}, "seconds > 0, e.g. 86400 (a day)"),
     "default_class": (str, {"min_length": 1}, "a class name"),
     "default_team": (str, {"pattern": r"^[A-Za-z0-9_.-]{1,64}$"},
                      "1-64 letters, digits, '.', '_' or '-'"),

@@ -127,3 +127,8 @@ class NodeNotFound(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class NodeBusy(StoreError):
+    """A node that may not be forgotten now (its agent is alive, or jobs are still recorded
+    on it); the message says why and what to do."""

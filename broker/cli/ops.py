@@ -24,6 +24,7 @@ from broker.cli.common import (
     print_json,
     redacted,
     settings,
+    spec_error,
     table_width,
 )
 from broker.cli.render import nodes_table, queued_at
@@ -150,8 +151,20 @@ def status(
 def nodes(
     ctx: typer.Context,
     as_json: Annotated[bool, Opt("--json", help="Print JSON (a list of nodes).")] = False,
+    forget: Annotated[list[str] | None, Opt(
+        "--forget", metavar="NODE", help="Remove a dead node (repeatable): it leaves the list "
+        "and no longer counts when submit asks whether a job could ever run. Refused for a "
+        "live node (stop its agent first) and one that holds jobs (see --force).")] = None,
+    force: Annotated[bool, Opt("--force", help="With --forget: requeue the jobs still "
+                               "recorded on the dead node, then forget it.")] = False,
 ) -> None:
     """List worker nodes: state, GPUs free/total by model, running jobs, last heartbeat."""
+    if forget:
+        forget_nodes(settings(ctx).client(), forget, force)
+        return
+    if force:
+        raise spec_error("force", "--force goes with --forget NODE", "nodes --forget NODE "
+                         "--force")
     views = settings(ctx).client().nodes()
     if as_json:
         print_json([v.to_dict() for v in views])
@@ -160,6 +173,28 @@ def nodes(
     else:
         width = table_width()
         print_fitted(nodes_table(views, width), width)  # (a pipe: one line a node)
+        dead = [v for v in views if v.lease_left_s <= 0]
+        if dead:
+            forget_after = settings(ctx).config.node_forget_after_s
+            err.print(f"[dim]{len(dead)} node(s) dead ({escape(', '.join(v.id for v in dead))}"
+                      f"); submit stops counting one {fmt_duration(forget_after)} after its "
+                      "last heartbeat (node_forget_after_s); `spillway nodes --forget NODE` "
+                      "removes one now[/]")
+
+
+def forget_nodes(client: Any, node_ids: list[str], force: bool) -> None:
+    """``nodes --forget``: each node forgotten, or one line saying why not (exit 1; an unknown
+    node: exit 2, naming the registered ones)."""
+    from broker.errors import NodeNotFound
+
+    for node_id in node_ids:
+        try:
+            lost = client.forget_node(node_id, force=force)
+        except NodeNotFound:
+            known = ", ".join(n.id for n in client.store.nodes()) or "none registered"
+            raise spec_error("node", f"{node_id!r} is not a registered node", known) from None
+        out.print(f"{escape(node_id)} FORGOTTEN"
+                  + (f" (requeued: {escape(', '.join(j.id for j in lost))})" if lost else ""))
 
 
 @app.command()

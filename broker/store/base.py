@@ -483,6 +483,12 @@ class BaseStore(Backend):
         node = next((n for n in self._load_nodes() if n.id == node_id), None)
         return node is not None and self._forget_node(node_id, node.incarnation)
 
+    def forget_dead_node(self, node_id: str, now: float, force: bool = False) -> list[Job]:
+        """An operator removes a dead node (``spillway nodes --forget``); NodeNotFound,
+        NodeBusy while it is alive or holds jobs (``force``: they are requeued); the jobs
+        requeued (broker/store/nodes.py :func:`forget`)."""
+        return _nodes.forget(self, node_id, now, force)
+
     def expire(self, now: float) -> list[Job]:
         """Mark nodes whose lease lapsed DOWN and requeue their jobs."""
         return _nodes.expire(self, now)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from broker.errors import Conflict, JobNotFound, NodeNotFound
+from broker.errors import Conflict, JobNotFound, NodeBusy, NodeNotFound
 from broker.model import Job, Node, NodeState
 from broker.state import ACTIVE
 from broker.store import transitions as T
@@ -68,6 +68,40 @@ def set_node_state(store: BaseStore, node_id: str, state: NodeState, by: str = "
 
 def nodes(store: BaseStore) -> list[Node]:
     return sorted(store._load_nodes(), key=lambda n: n.id)
+
+def forget(store: BaseStore, node_id: str, now: float, force: bool = False) -> list[Job]:
+    """Remove a dead node at an operator's word (``spillway nodes --forget``), as Slurm's
+    ``scontrol delete nodename``: refused (NodeBusy) while its agent is alive, since a live
+    agent would register it again at its next heartbeat, and while jobs are recorded on it
+    (the scheduler requeues those once its lease has run out), unless ``force``: then they are
+    requeued here, as lost with the node. NodeNotFound for an unknown node. Returns the jobs
+    requeued."""
+    node = next((n for n in store._load_nodes() if n.id == node_id), None)
+    if node is None:
+        raise NodeNotFound(node_id)
+    if node.lease_expires > now:
+        raise NodeBusy(
+            f"node {node_id} is alive: its agent's lease runs {node.lease_expires - now:.1f}s "
+            "more; stop the agent first (a live agent registers the node again at its next "
+            "heartbeat), then forget it once `spillway nodes` shows it DOWN")
+    held = [j for j in store._load(store._index("active"))
+            if j is not None and node_id in j.node_ids and j.state in ACTIVE]
+    lost: list[Job] = []
+    if held and not force:
+        ids = ", ".join(j.id for j in held)
+        raise NodeBusy(
+            f"node {node_id} still holds {len(held)} job(s): {ids}; a running scheduler "
+            "requeues them once it sees the node dead, or --force requeues them now (each "
+            "loses its attempt, as when a node dies)")
+    if held:
+        lost = _lose_jobs_on(store, node_id, now, f"Node {node_id} forgotten by an operator")
+    store._mark_down(node_id, node.incarnation, now)  # (its lease ran out, though maybe no
+    # reconciler marked it yet, or the record shows DOWN only as an agent not yet taken)
+    if not store._forget_node(node_id, node.incarnation):
+        raise Conflict(f"node {node_id} changed while it was being forgotten (did its agent "
+                       "come back?); see `spillway nodes` and try again")
+    return lost
+
 
 def expire(store: BaseStore, now: float) -> list[Job]:
     """Mark nodes whose lease ran out DOWN and requeue the jobs they held."""
