@@ -25,10 +25,12 @@ import calendar
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import Any
 
+from broker.ledger_report import MachineCharge
+from broker.report_money import cents, dollars, no_negative_zero, split_cents
 from broker.report_window import DAY_S, ReportError, Window
 from broker.store.budgets import Budget
 
@@ -77,6 +79,7 @@ class Inputs:
     team: str | None = None  # only this team
     carbon_source: str = ""  # said in the report
     notes: Sequence[str] = ()
+    machines: Sequence[MachineCharge] = ()  # the machines behind the charges
 
 
 @dataclass
@@ -93,7 +96,7 @@ class Cell:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def row(self) -> dict[str, Any]:
-        return {"cloud_usd": round(self.cloud_usd, 2), "onprem_usd": round(self.onprem_usd, 2),
+        return {"cloud_usd": cents(self.cloud_usd), "onprem_usd": cents(self.onprem_usd),
                 "gpu_hours": round(self.gpu_hours, 3), "kg_co2e": round(self.kg, 3)}
 
 
@@ -169,7 +172,7 @@ def prorated_cap(budget: Budget, window: Window) -> tuple[float, str]:
     else:
         share = sum(1.0 / calendar.monthrange(d.year, d.month)[1]
                     for d in (date.fromisoformat(x) for x in window.days))
-    return budget.amount * share, f"prorated from ${budget.amount:,.2f} per {per}"
+    return budget.amount * share, f"prorated from {dollars(budget.amount)} per {per}"
 
 
 def daily_spend(sums: Mapping[tuple[str, str, str], Cell], team: str | None,
@@ -207,14 +210,14 @@ def forecast(daily: Sequence[float], window: Window, now: float, method: str
     rate = spent / elapsed
     how = "mean daily spend" + (" (linear needs 2 whole days)" if method == "linear" else "")
     return spent + rate * (window.seconds - elapsed), \
-        f"{how}: ${rate * DAY_S:,.2f}/day over {elapsed / DAY_S:.2f} days"
+        f"{how}: {dollars(rate * DAY_S)}/day over {elapsed / DAY_S:.2f} days"
 
 
 def team_row(team: str, cell: Cell, inputs: Inputs, daily: Sequence[float], method: str
              ) -> dict[str, Any]:
     w, now = inputs.window, inputs.now
     fc, _ = forecast(daily, w, now, method)
-    row: dict[str, Any] = {"team": team, **cell.row(), "forecast_usd": round(fc, 2),
+    row: dict[str, Any] = {"team": team, **cell.row(), "forecast_usd": cents(fc),
                            "cap_usd": None, "cap_basis": "", "hard": None,
                            "reserved_usd": 0.0, "left_usd": None, "used_pct": None,
                            "forecast_pct": None}
@@ -227,8 +230,8 @@ def team_row(team: str, cell: Cell, inputs: Inputs, daily: Sequence[float], meth
     counted = inputs.spent_total.get(team, cell.cloud_usd) if b.window == "total" \
         else cell.cloud_usd
     fc_counted = counted - cell.cloud_usd + fc
-    row.update(cap_usd=round(cap, 2), cap_basis=basis, hard=b.hard,
-               reserved_usd=round(reserved, 2), left_usd=round(cap - counted - reserved, 2),
+    row.update(cap_usd=cents(cap), cap_basis=basis, hard=b.hard,
+               reserved_usd=cents(reserved), left_usd=cents(cap - counted - reserved),
                used_pct=round(100.0 * counted / cap, 1) if cap > 0 else None,
                forecast_pct=round(100.0 * fc_counted / cap, 1) if cap > 0 else None)
     return row
@@ -269,12 +272,19 @@ def build(inputs: Inputs, emit: Emit, chargeback: Chargeback, by: str = "team",
         if cell.gpu_hours > 0:  # (a site with charges and no runs emits nothing here)
             by_zone[zones.get(site, "") or UNKNOWN_ZONE].add(cell)
     notes = list(inputs.notes)
+    machines = machines_of(inputs.machines, None if inputs.team is None else {inputs.team})
+    on_machines = math.fsum(m.usd for m in machines)
+    if abs(on_machines - total.cloud_usd) >= 0.005:
+        notes.append(f"the machines listed account for {dollars(on_machines)} of the "
+                     f"{dollars(total.cloud_usd)} of cloud spend: the rest was charged for "
+                     "machines without an instance record in the store, or priced or split "
+                     "differently when it was charged")
     unknown = total.unknown_gpu_hours
     if unknown > 0:
         notes.append(f"{unknown:,.2f} GPU-hours ran where no carbon zone or intensity is known "
                      "(their emissions are not counted): set energy.sites.<site>.carbon_zone "
                      "(docs/carbon.md)")
-    return {
+    return no_negative_zero({
         "window": {"kind": w.kind, "label": w.label, "from": w.first.isoformat(),
                    "to": w.last.isoformat(), "days": len(w.days),
                    "elapsed_days": round(w.elapsed_s(now) / DAY_S, 3),
@@ -283,7 +293,7 @@ def build(inputs: Inputs, emit: Emit, chargeback: Chargeback, by: str = "team",
             "%Y-%m-%dT%H:%M:%SZ"),
         "by": by, "team": inputs.team,
         "forecast": {"method": method, "how": how},
-        "totals": {**total.row(), "forecast_usd": round(fc, 2),
+        "totals": {**total.row(), "forecast_usd": cents(fc), "machines_usd": cents(on_machines),
                    "energy_kwh": round(total.kwh, 1)},
         "teams": team_rows,
         "rows": rows,
@@ -292,9 +302,10 @@ def build(inputs: Inputs, emit: Emit, chargeback: Chargeback, by: str = "team",
         "zones": [{"zone": z, "kg_co2e": round(c.kg, 3), "energy_kwh": round(c.kwh, 1),
                    "gpu_hours": round(c.gpu_hours, 3)} for z, c in sorted(by_zone.items())],
         "days": day_series(sums, [r["team"] for r in team_rows], w.days),
+        "machines": [machine_row(m) for m in machines],
         "carbon_source": inputs.carbon_source,
         "notes": notes,
-    }
+    })
 
 
 def day_series(sums: Mapping[tuple[str, str, str], Cell], teams: Sequence[str],
@@ -305,6 +316,26 @@ def day_series(sums: Mapping[tuple[str, str, str], Cell], teams: Sequence[str],
     for i, d in enumerate(days):
         for t in teams:
             running[t] += daily[t][i]
-        out.append({"day": d, "spend": {t: round(daily[t][i], 2) for t in teams},
-                    "cumulative": {t: round(running[t], 2) for t in teams}})
+        out.append({"day": d, "spend": {t: cents(daily[t][i]) for t in teams},
+                    "cumulative": {t: cents(running[t]) for t in teams}})
     return out
+
+
+def machines_of(machines: Iterable[MachineCharge], teams: set[str] | None
+                ) -> list[MachineCharge]:
+    """``machines`` with only the shares of ``teams`` (None: all), and those with none of
+    theirs left out."""
+    if teams is None:
+        return list(machines)
+    out = []
+    for m in machines:
+        shares = {t: v for t, v in m.shares.items() if t in teams}
+        if shares:
+            out.append(replace(m, shares=shares))
+    return out
+
+
+def machine_row(m: MachineCharge) -> dict[str, Any]:
+    """A machine as the report's ``machines`` rows hold it: dollars in cents, the shares
+    adding up to the machine's dollars."""
+    return {**m.to_dict(), "usd": cents(m.usd), "shares": split_cents(m.usd, m.shares)}

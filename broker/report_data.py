@@ -1,8 +1,10 @@
 """What the spend report reads from the store (Redis in production): the ledger's charges, the
 budgets and reservations (the budget book, broker/store/budgets.py), every job's runs (the hot
-jobs and the archive of old finished ones), the nodes and the cloud instance records; and the
-emissions and chargeback functions built from the configuration (``energy:``, ``carbon:``,
-``onprem_price_per_gpu_hour``). :func:`gather` hands :func:`broker.report.build` its inputs.
+jobs and the archive of old finished ones), the nodes and the cloud instance records (also the
+machines behind the charges: their booked hours replayed through the ledger's split,
+broker/ledger_report.py); and the emissions and chargeback functions built from the
+configuration (``energy:``, ``carbon:``, ``onprem_price_per_gpu_hour``). :func:`gather`
+hands :func:`broker.report.build` its inputs.
 
 A run's site and GPU model come from its node; a cloud node that is gone (its machine was given
 back and the node forgotten) is found through the instance record that names it: the site is
@@ -22,7 +24,7 @@ from typing import Any
 from broker.config import Config
 from broker.energy import emissions_kg
 from broker.energy_settings import build_source
-from broker.ledger_report import spend_rows
+from broker.ledger_report import machine_charges, spend_rows
 from broker.model import Instance, Job, Node
 from broker.report import Charge, Inputs, Run
 from broker.report_window import ReportError, Window
@@ -60,15 +62,27 @@ class Places:
     nodes: Mapping[str, Node]
     instances: Mapping[str, Instance]  # by node id
     offer_models: Mapping[str, str]  # offer id -> GPU model
-    _catalog: dict[tuple[str, str], str] | None = None
+    offer_gpus: Mapping[str, int] = field(default_factory=dict)  # offer id -> GPU count
+    _catalog: dict[tuple[str, str], tuple[str, int]] | None = None
 
     @classmethod
     def of(cls, store: BaseStore, now: float) -> Places:
+        offers = store.offers(now, include_blocked=True)
         return cls({n.id: n for n in store.nodes()},
                    {i.node_id: i for i in store.instances() if i.node_id},
-                   {o.id: o.gpu_model for o in store.offers(now, include_blocked=True)})
+                   {o.id: o.gpu_model for o in offers}, {o.id: o.gpu_count for o in offers})
+
+    def gpus_of(self, inst: Instance) -> int:
+        """A machine's GPU count as the ledger counts it (broker.ledger.accrue_store): its
+        published offer's, else its node's, else the offer catalog's, else 1."""
+        node = self.nodes.get(inst.node_id)
+        return self.offer_gpus.get(inst.offer_id) or (len(node.gpus) if node else 0) or \
+            self._catalog_row(inst.offer_id)[1] or 1
 
     def _catalog_model(self, offer_id: str) -> str:
+        return self._catalog_row(offer_id)[0]
+
+    def _catalog_row(self, offer_id: str) -> tuple[str, int]:
         if self._catalog is None:
             from providers.catalog import load_catalog
 
@@ -78,9 +92,10 @@ class Places:
                 log.warning("offer catalog unreadable (%s); GPU models of gone machines "
                             "unknown", e)
                 rows = ()
-            self._catalog = {(r.provider, r.instance_type): r.gpu_model for r in rows}
+            self._catalog = {(r.provider, r.instance_type): (r.gpu_model, r.gpu_count)
+                             for r in rows}
         site, _, itype = offer_id.partition("/")
-        return self._catalog.get((site.split(":", 1)[0], itype), "")
+        return self._catalog.get((site.split(":", 1)[0], itype), ("", 0))
 
     def where(self, node_id: str, gpu_ids: Sequence[str], job: Job) -> tuple[str, str]:
         """(site, GPU model) of a run on ``node_id``; site ``unknown`` when no record names
@@ -196,7 +211,11 @@ def gather(store: BaseStore, config: Config, window: Window, now: float,
     charges = charges_of(book, window)
     budgets = book.budgets()
     jobs = [*store.list_jobs(), *archived_jobs(store)]
-    runs = runs_of(jobs, Places.of(store, now), window.start, min(window.end, now), now)
+    places = Places.of(store, now)
+    runs = runs_of(jobs, places, window.start, min(window.end, now), now)
+    until = (window.last + timedelta(days=1)).isoformat()
+    machines = machine_charges(book, store.instances(), jobs, places.gpus_of,
+                               window.first.isoformat(), until)
     if team is not None:
         known = set(budgets) | {k[0] for k in book.sums()} | {j.team for j in jobs}
         if team not in known:
@@ -213,7 +232,7 @@ def gather(store: BaseStore, config: Config, window: Window, now: float,
     em, more = emitter(config)
     notes += more
     return Inputs(window, now, charges, runs, budgets, book.reserved(), spent_total, team,
-                  em.source.name, notes), em
+                  em.source.name, notes, machines), em
 
 
 def fallback_note(em: Emitter) -> list[str]:

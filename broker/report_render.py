@@ -13,18 +13,25 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from broker.report_money import dollars, money, rate
+
 FORMATS = ("table", "csv", "json", "html")
 CELL_KEYS = ("cloud_usd", "onprem_usd", "gpu_hours", "kg_co2e")
 TEAM_KEYS = ("cap_usd", "cap_basis", "hard", "reserved_usd", "left_usd", "used_pct",
              "forecast_usd", "forecast_pct")
 
 
-def money(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.2f}"
-
-
 def pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}%"
+    return "-" if v is None else f"{v + 0.0:.1f}%"
+
+
+def utc(iso: str) -> str:
+    """``2026-11-03T10:00:00Z`` as ``2026-11-03 10:00:00`` (columns say UTC)."""
+    return iso.replace("T", " ").removesuffix("Z")
+
+
+def seconds(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3f}"
 
 
 def title(report: dict[str, Any]) -> str:
@@ -74,10 +81,29 @@ def zones_table(report: dict[str, Any]) -> Table:
     return t
 
 
+def machines_table(report: dict[str, Any]) -> Table:
+    t = Table(title="Machines behind the cloud spend", box=None, pad_edge=False,
+              title_justify="left")
+    heads = ("MACHINE", "PROVIDER", "REGION", "TYPE", "MARKET", "GPUS", "START (UTC)",
+             "END (UTC)", "SECONDS", "$/H", "COST $", "TEAM SHARES")
+    for h in heads:
+        t.add_column(h, justify="right" if h in ("GPUS", "SECONDS", "$/H", "COST $")
+                     else "left")
+    for m in report["machines"]:
+        shares = ", ".join(f"{team} {dollars(v)}" for team, v in m["shares"].items())
+        t.add_row(escape(m["instance_id"]), escape(m["provider"]), escape(m["region"]),
+                  escape(m["instance_type"]), m["market"], str(m["gpus"]), utc(m["start"]),
+                  utc(m["end"]) + (" (running)" if m["running"] else ""),
+                  seconds(m["seconds"]), rate(m["price_per_hour"]), money(m["usd"]),
+                  escape(shares))
+    return t
+
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     tot = report["totals"]
-    lines = [f"Total: cloud ${tot['cloud_usd']:,.2f} (forecast ${tot['forecast_usd']:,.2f} by "
-             f"{report['window']['to']}), on-prem chargeback ${tot['onprem_usd']:,.2f}, "
+    lines = [f"Total: cloud {dollars(tot['cloud_usd'])} (forecast "
+             f"{dollars(tot['forecast_usd'])} by "
+             f"{report['window']['to']}), on-prem chargeback {dollars(tot['onprem_usd'])}, "
              f"{tot['gpu_hours']:,.1f} GPU-h, {tot['kg_co2e']:,.1f} kgCO2e "
              f"({tot['energy_kwh']:,.1f} kWh)",
              f"Forecast: {report['forecast']['how']}"]
@@ -93,6 +119,8 @@ def renderable(report: dict[str, Any]) -> Group:
         parts += [Text(""), rows_table(report)]
     if report["zones"]:
         parts += [Text(""), zones_table(report)]
+    if report["machines"]:
+        parts += [Text(""), machines_table(report)]
     parts += [Text("")] + [Text(line) for line in summary_lines(report)]
     return Group(*parts)
 

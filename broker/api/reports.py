@@ -2,9 +2,9 @@
 JSON, CSV or a self-contained HTML page.
 
 ``finance`` reads the report of the teams its token is given: every other team's charges,
-runs, caps and reservations are left out before the sums are made, so totals, sites, zones
-and days hold its teams' figures only. ``operator`` and ``admin`` read every team's; a
-``user`` is refused (the message names the roles that may).
+runs, caps, reservations and shares of machines are left out before the sums are made, so
+totals, sites, zones, days and machines hold its teams' figures only. ``operator`` and
+``admin`` read every team's; a ``user`` is refused (the message names the roles that may).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from broker.api import auth
 from broker.api.budgets import TEAM_PATTERN, InvalidInput, scoped
 from broker.api.deps import principal, state
 from broker.errors import FieldError
-from broker.report import Inputs, build
+from broker.report import Inputs, build, machines_of
 from broker.report_data import fallback_note, gather
 from broker.report_html import to_html
 from broker.report_render import to_csv
@@ -43,7 +43,8 @@ def only(inputs: Inputs, teams: set[str]) -> Inputs:
                    runs=[r for r in inputs.runs if r.team in teams],
                    budgets={t: b for t, b in inputs.budgets.items() if t in teams},
                    reserved={t: v for t, v in inputs.reserved.items() if t in teams},
-                   spent_total={t: v for t, v in inputs.spent_total.items() if t in teams})
+                   spent_total={t: v for t, v in inputs.spent_total.items() if t in teams},
+                   machines=machines_of(inputs.machines, teams))
 
 
 def report_data(who: TokenRecord, request: Request, month: str | None, week: str | None,

@@ -125,6 +125,17 @@ def test_json(url: str, tmp_path: Path) -> None:
     assert [z["zone"] for z in r["zones"]] == ["DE"]
     assert r["window"]["closed"] and r["forecast"]["how"] == "closed: the actual spend"
     assert r["carbon_source"] == "static yearly averages"
+    # the machine behind nlp's $3 (its node forgotten; r-2's $40 has no instance record)
+    [m] = r["machines"]
+    assert {k: m[k] for k in ("request_id", "provider", "region", "instance_type", "market",
+                              "gpus", "start", "end", "seconds", "price_per_hour", "usd",
+                              "shares", "running")} == {
+        "request_id": "r-1", "provider": "aws", "region": "eu-central-1",
+        "instance_type": "p3.2xlarge", "market": "spot", "gpus": 1,
+        "start": "2026-11-03T10:00:00Z", "end": "2026-11-03T13:00:00Z", "seconds": 10800.0,
+        "price_per_hour": 1.0, "usd": 3.0, "shares": {"nlp": 3.0}, "running": False}
+    assert r["totals"]["machines_usd"] == 3.0
+    assert any("machines listed account for $3.00 of the $43.00" in n for n in r["notes"])
 
 
 def test_csv_by_site_and_a_team(url: str, tmp_path: Path) -> None:

@@ -3,11 +3,25 @@
 
 from __future__ import annotations
 
+import io
+import json
+import re
 from datetime import datetime, timezone
 
 import pytest
+from rich.console import Console
 
-from broker.report import Charge, Inputs, Run, build, day_pieces, forecast, prorated_cap
+from broker.ledger_report import MachineCharge
+from broker.report import (
+    Charge,
+    Inputs,
+    Run,
+    build,
+    day_pieces,
+    forecast,
+    machines_of,
+    prorated_cap,
+)
 from broker.report_window import ReportError, Window, parse_window
 from broker.store.budgets import Budget
 
@@ -98,7 +112,8 @@ def test_bad_grouping_and_method() -> None:
 def test_a_month_with_no_spend() -> None:
     r = report(budgets={"vision": Budget("vision", 1000.0)})
     assert r["totals"] == {"cloud_usd": 0.0, "onprem_usd": 0.0, "gpu_hours": 0.0,
-                           "kg_co2e": 0.0, "forecast_usd": 0.0, "energy_kwh": 0.0}
+                           "kg_co2e": 0.0, "forecast_usd": 0.0, "energy_kwh": 0.0,
+                           "machines_usd": 0.0}
     [row] = r["teams"]
     assert (row["cap_usd"], row["left_usd"], row["used_pct"]) == (1000.0, 1000.0, 0.0)
     assert r["sites"] == [] and r["zones"] == [] and len(r["days"]) == 30
@@ -268,3 +283,57 @@ def test_html_and_csv_carry_names_as_data() -> None:
     assert "<script" not in page and "x&lt;script&gt;&amp;" in page
     assert page.count('class="spend"') == 1 and page.count('class="forecast"') == 1
     assert to_csv(r).splitlines()[1].startswith('"x<script>&""\'",1.0,0.0')
+
+
+# -- money printed, and the machines behind it ---------------------------------------------------
+
+
+def machine(rid: str, shares: dict[str, float]) -> MachineCharge:
+    return MachineCharge(rid, f"i-{rid}", f"{AWS}/p3.8xlarge", 4, 3.672, ts("2026-11-05"),
+                         ts("2026-11-05T06:00:00"), 21600.0, False, shares)
+
+
+def test_no_money_prints_a_negative_zero() -> None:
+    """A reservation used up to a float's rounding leaves -1e-15 reserved: 0.00 everywhere."""
+    from broker.report_html import to_html
+    from broker.report_render import renderable, to_csv
+
+    r = report([Charge("vision", AWS, "2026-11-02", 1.0)],
+               budgets={"vision": Budget("vision", 1.0)}, now=ts("2026-11-10T00:00:00"),
+               reserved={"vision": -1e-15})
+    v = r["teams"][0]
+    assert (v["reserved_usd"], v["left_usd"]) == (0.0, 0.0)
+    assert "-0.0" not in json.dumps(r)
+    console = Console(width=250, file=io.StringIO(), no_color=True)
+    console.print(renderable(r))
+    for text in (console.file.getvalue(), to_html(r), to_csv(r)):  # type: ignore[attr-defined]
+        assert not re.search(r"-\$?0\.0", text), text
+
+
+def test_machines_of_a_team_hold_its_shares_only() -> None:
+    ms = [machine("r-1", {"vision": 13.158, "nlp": 9.486}), machine("r-2", {"nlp": 1.0})]
+    charges = [Charge("vision", AWS, "2026-11-05", 13.158),
+               Charge("nlp", AWS, "2026-11-05", 10.486)]
+    r = report(charges, machines=ms)
+    assert [m["shares"] for m in r["machines"]] == [{"nlp": 9.48, "vision": 13.16},
+                                                    {"nlp": 1.0}]
+    assert [m["usd"] for m in r["machines"]] == [22.64, 1.0]
+    assert r["machines"][0]["market"] == "spot" and r["totals"]["machines_usd"] == 23.64
+    assert not any("machines listed" in n for n in r["notes"])
+    r = report(charges, machines=ms, team="vision")
+    assert [(m["request_id"], m["shares"], m["usd"]) for m in r["machines"]] == \
+        [("r-1", {"vision": 13.16}, 13.16)]
+    assert machines_of(ms, {"nlp"})[0].shares == {"nlp": 9.486}
+    r = report(charges[:1], machines=ms[1:])  # $13.16 with no machine behind it
+    assert any("machines listed account for $1.00 of the $13.16 of cloud spend" in n
+               for n in r["notes"])
+
+
+def test_a_finance_tokens_report_holds_its_teams_shares_of_machines() -> None:
+    pytest.importorskip("fastapi")
+    from broker.api.reports import only
+
+    inputs = Inputs(NOV, CLOSED, machines=[machine("r-1", {"vision": 2.0, "nlp": 1.0}),
+                                           machine("r-2", {"nlp": 1.0})])
+    assert [(m.request_id, m.shares) for m in only(inputs, {"vision"}).machines] == \
+        [("r-1", {"vision": 2.0})]
