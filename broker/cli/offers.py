@@ -51,16 +51,25 @@ def _catalog(ctx: typer.Context, path: Path | None) -> Any:
         raise spec_error("catalog", str(e)) from None
 
 
-def _checked(catalog: Any, provider: str | None, regions: list[str]) -> None:
-    if provider is not None and provider not in catalog.providers:
-        raise spec_error("provider", f"{provider!r} is not in the catalog",
-                         ", ".join(catalog.providers))
+def _checked(catalog: Any, provider: str | None, regions: list[str],
+             configured: dict[str, list[Any]]) -> None:
+    """A SpecError for a provider neither in the catalog nor configured, or a region none of
+    them has."""
+    names = sorted({*catalog.providers, *configured})
+    if provider is not None and provider not in names:
+        where = ("in the catalog or configured (providers:)" if configured else
+                 "in the catalog, and no provider is configured (providers: in the config "
+                 "file, docs/cloud.md)")
+        raise spec_error("provider", f"{provider!r} is not {where}", ", ".join(names))
     known = sorted({r.region for r in catalog.rows
-                    if provider is None or r.provider == provider})
+                    if provider is None or r.provider == provider}
+                   | {o.region for name, found in configured.items() for o in found
+                      if provider is None or name == provider})
     for region in regions:
         if region not in known:
-            raise spec_error("region", f"{region!r} is not in the catalog"
-                             + (f" for {provider}" if provider else ""), ", ".join(known))
+            where = (f"a region of {provider}" if provider in configured else
+                     f"in the catalog for {provider}" if provider else "in the catalog")
+            raise spec_error("region", f"{region!r} is not {where}", ", ".join(known))
 
 
 def offer_json(o: Offer, gpus: int) -> dict[str, Any]:
@@ -70,12 +79,32 @@ def offer_json(o: Offer, gpus: int) -> dict[str, Any]:
             "market": o.market.value, "instance_type": o.instance_type,
             "machine_type": o.extra.get("machine_type", o.instance_type),
             "gpu_model": o.gpu_model, "gpu_count": o.gpu_count,
-            "gpu_memory_gb": o.gpu_memory_gb, "vcpus": o.extra.get("vcpus"),
+            "gpu_memory_gb": o.gpu_memory_gb,
+            "vcpus": o.extra.get("vcpus", o.extra.get("cpus")),  # (a local machine's: cpus)
             "memory_gb": o.extra.get("memory_gb"), "price_per_hour": o.price_per_hour,
             "price_per_gpu_hour": round(o.price_per_gpu_hour, 6), "speed": speed_of(o.gpu_model),
             "price_per_work_hour": round(work_price(o, gpus), 6),
             "carbon_zone": o.carbon_zone, "source": o.extra.get("source", ""),
             "fetched_at": o.extra.get("fetched_at", "")}
+
+
+def configured_offers(providers: Any, cluster: str, request: Any
+                      ) -> tuple[dict[str, list[Any]], list[str]]:
+    """The offers of each configured provider (``providers:``, local ones included): what
+    Spillway would rent, for ``request``; and a note for each provider whose offers cannot be
+    read (a missing SDK extra, a bad entry), so the listing still shows the rest."""
+    from providers.base import make_provider
+
+    found: dict[str, list[Any]] = {}  # (offers)
+    notes: list[str] = []
+    for name in sorted(providers):
+        try:
+            made = make_provider(name, providers[name].provider_settings(), cluster)
+            found[name] = list(made.offers(request))
+        except Exception as e:  # (an SDK's own errors too: one line, the others listed)
+            found[name] = []
+            notes.append(f"provider {name}: its offers cannot be read ({e})")
+    return found, notes
 
 
 def onprem_json(price: float, model: str | None) -> dict[str, Any]:
@@ -86,11 +115,16 @@ def onprem_json(price: float, model: str | None) -> dict[str, Any]:
             "source": "config onprem_price_per_gpu_hour"}
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
 def _table(rows: list[dict[str, Any]], width: int | None) -> Any:
     cells = [(f"{r['price_per_work_hour']:.3f}", f"{r['price_per_gpu_hour']:.3f}",
-              f"{r['price_per_hour']:.3f}", f"{r['gpu_count']}x{r['gpu_model']}", r["provider"],
-              r["zone"] or r["region"], r["market"], r["machine_type"], f"{r['vcpus']:g}",
-              f"{r['memory_gb']:g}", r["carbon_zone"] or "-") for r in rows]
+              f"{r['price_per_hour']:.3f}", f"{r['gpu_count']}x{r['gpu_model']}",
+              r["provider"] + ("*" if r.get("configured") else ""),
+              r["zone"] or r["region"], r["market"], r["machine_type"], _num(r["vcpus"]),
+              _num(r["memory_gb"]), r["carbon_zone"] or "-") for r in rows]
     # the price of work, GPUs and place are never cut; TYPE (the machine: GCP's GPUs are in
     # GPUS) is shortened, then CARBON, MEM GB, CPUS, $/H, $/GPU-H and CLOUD go, in that order
     table, keep = fitted_table(HEADS, cells, width, shorten={7: 13},
@@ -108,18 +142,23 @@ def offers(
     count: Annotated[int, Opt("--count", "-n", help="GPUs on one machine (at least).")] = 1,
     spot: Annotated[bool, Opt("--spot", help="Spot offers only.")] = False,
     ondemand: Annotated[bool, Opt("--ondemand", help="On-demand offers only.")] = False,
-    provider: Annotated[str | None, Opt("--provider", help="aws, gcp, ...")] = None,
+    provider: Annotated[str | None, Opt("--provider", help="A cloud of the catalog (aws, gcp) "
+                                        "or a configured provider's name (local, ...).")
+                        ] = None,
     region: Annotated[list[str] | None, Opt("--region", help="Only this region "
                                             "(repeatable).")] = None,
-    limit: Annotated[int, Opt("--limit", help="Show the N cheapest.")] = 20,
+    limit: Annotated[int, Opt("--limit", help="Show the N cheapest of the catalog (the "
+                              "configured providers' offers are all shown, first).")] = 20,
     catalog: Annotated[Path | None, Opt("--catalog", dir_okay=False, help="A catalog file "
                                         "(default: config offer_catalog, else the shipped "
                                         "one).")] = None,
     as_json: Annotated[bool, Opt("--json", help="Print JSON (one object).")] = False,
 ) -> None:
     """The cheapest cloud offers per unit of work (price / (GPUs used x GPU speed)), with the
-    configured on-prem price per GPU-hour beside them."""
+    configured on-prem price per GPU-hour beside them. The configured providers' offers
+    (`providers:`, local ones included: what Spillway rents) come first, marked *."""
     from providers.base import Resources
+    from providers.catalog import work_price
 
     model = gpu_model(gpu) if gpu is not None else None
     if count < 1:
@@ -129,35 +168,55 @@ def offers(
     if spot and ondemand:
         raise spec_error("market", "--spot and --ondemand exclude each other",
                          "one of them, or neither for both")
+    cfg = settings(ctx).config
     cat = _catalog(ctx, catalog)
     regions = list(region or ())
-    _checked(cat, provider, regions)
     market = Market.SPOT if spot else Market.ONDEMAND if ondemand else None
     request = Resources(gpu_count=count, gpu_model=model, market=market, regions=tuple(regions))
-    found = cat.cheapest(request, providers=[provider] if provider else None)
-    rows = [offer_json(o, count) for o in found[:limit]]
-    onprem = onprem_json(settings(ctx).config.onprem_price_per_gpu_hour, model)
+    everywhere = Resources(gpu_count=count, gpu_model=model, market=market)
+    configured, notes = configured_offers(cfg.providers, cfg.cluster_name, everywhere)
+    _checked(cat, provider, regions, configured)
+    # the configured providers' offers first (what Spillway rents: every one, whatever
+    # --limit), then the catalog's cheapest (the market), each cheapest work first
+    mine = sorted((o for name, found in configured.items() if provider in (None, name)
+                   for o in found if not regions or o.region in regions),
+                  key=lambda o: (work_price(o, count), o.id))
+    ids = {o.id for o in mine}
+    clouds = None if provider is None else [provider] if provider in cat.providers else []
+    market_rows = [o for o in cat.cheapest(request, providers=clouds) if o.id not in ids]
+    rows = [{**offer_json(o, count), "configured": True} for o in mine] + \
+        [{**offer_json(o, count), "configured": False} for o in market_rows[:limit]]
+    total = len(mine) + len(market_rows)
+    onprem = onprem_json(cfg.onprem_price_per_gpu_hour, model)
     if as_json:
         print_json({"request": {"gpu": model, "count": count, "market": market and market.value,
                                 "provider": provider, "regions": regions},
-                    "catalog": str(cat.path), "onprem": onprem, "total": len(found),
-                    "offers": rows})
+                    "catalog": str(cat.path), "providers": sorted(configured),
+                    "unreadable": notes, "onprem": onprem, "total": total, "offers": rows})
         return
-    _print(rows, len(found), onprem, model, count, cat)
+    _print(rows, total, onprem, model, count, cat, bool(configured))
+    for note in notes:
+        err.print(f"[yellow]warning:[/] {escape(note)}")
 
 
 def _print(rows: list[dict[str, Any]], total: int, onprem: dict[str, Any], model: str | None,
-           count: int, cat: Any) -> None:
+           count: int, cat: Any, providers: bool = False) -> None:
     what = f"{count} x {model or 'any GPU'}"
     if not rows:
         have = sorted({family_of(m) for m in cat.gpu_models})
-        out.print(f"No offer in the catalog holds {escape(what)} on one machine with these "
+        where = "the catalog" + (" or of a configured provider" if providers else "")
+        out.print(f"No offer in {where} holds {escape(what)} on one machine with these "
                   f"filters. The catalog has: {', '.join(have)}.")
     else:
         print_fitted(_table(rows, table_width()), table_width())
         out.print(f"[dim]{len(rows)} of {total} offers for {escape(what)}, cheapest work first "
                   "($/WORK-H: dollars per V100-hour of work on the GPUs asked for); catalog "
                   f"{escape(str(cat.path))}[/]")
+    mine = [r for r in rows if r["configured"]]
+    if mine:
+        out.print(f"[dim]* a configured provider's (providers:): Spillway rents these when a "
+                  f"job bursts, and `spillway launch {escape(mine[0]['id'])}` rents one by "
+                  "hand[/]")
     per_work = (f" = ${onprem['price_per_work_hour']:.3f} per unit of work on {model} "
                 f"(speed {onprem['speed']:g})" if onprem["price_per_work_hour"] else "")
     out.print(f"On-prem: ${onprem['price_per_gpu_hour']:.3f} per GPU-hour{per_work} "

@@ -312,6 +312,26 @@ def install_stop_handlers() -> None:
     signal.signal(signal.SIGHUP, _raise_stop)
 
 
+def up_hints(cluster: Any, offer_id: str | None) -> list[str]:
+    """What `spillway up` prints as next steps: each line under "In another shell:" works as
+    it is in a fresh shell (the exports first: the cluster's Redis, and its configuration
+    file where it runs with one, e.g. the generated config-cloud.yaml of --cloud local)."""
+    import shlex
+
+    lines = ["In another shell:",
+             f"  [bold]export SPILLWAY_REDIS_URL={escape(cluster.export_value())}[/]"]
+    if cluster.config_path:
+        where = shlex.quote(str(Path(cluster.config_path).expanduser().resolve()))
+        lines.append(f"  [bold]export SPILLWAY_CONFIG={escape(where)}[/]")
+    lines += ["  spillway submit --gpus 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'",
+              "  spillway queue"]
+    if offer_id is not None:
+        lines += ["  spillway offers --provider local",
+                  f"  spillway launch {escape(shlex.quote(offer_id))}",
+                  "  spillway instances"]
+    return [*lines, "Ctrl-C stops everything."]
+
+
 @app.command()
 def up(
     ctx: typer.Context,
@@ -338,7 +358,9 @@ def up(
 
     s = settings(ctx)
     configured = s.redis_url or s.config.redis_url
-    cluster = LocalCluster(state_dir or Path(s.config.state_dir).expanduser(),
+    home = (state_dir or Path(s.config.state_dir)).expanduser().resolve()  # (the hints'
+    # paths work from any directory)
+    cluster = LocalCluster(home,
                            redis_url=configured, gpus=gpus, cpus=cpus, node_id=node_id,
                            config_path=str(s.config_path) if s.config_path else None,
                            persist=True, port=port, stop_timeout=s.config.grace_s + 15,
@@ -356,13 +378,10 @@ def up(
         local = cluster.local_cloud()
         if local is not None:
             out.print(f"  cloud      {escape(local.offer.id)} at "
-                      f"${local.offer.price_per_hour:.2f}/h (spillway launch OFFER; "
-                      "spillway instances)")
-        out.print("In another shell:")
-        out.print(f"  [bold]export SPILLWAY_REDIS_URL={escape(cluster.export_value())}[/]")
-        out.print("  spillway submit --gpus 1 -- sh -c 'echo $CUDA_VISIBLE_DEVICES'")
-        out.print("  spillway queue")
-        out.print("Ctrl-C stops everything.")
+                      f"${local.offer.price_per_hour:.2f}/h (a local provider: its machines "
+                      "are worker processes here)")
+        for line in up_hints(cluster, None if local is None else local.offer.id):
+            out.print(line)
         while True:
             dead = cluster.dead_child()
             if dead is not None:
