@@ -220,7 +220,7 @@ def run_scheduler(redis_url: str | None, config: object, loglevel: str = "WARNIN
         from broker.provision_tasks import ProvisionService
         from broker.provisioner import Provisioner
 
-        service = ProvisionService(Provisioner(rt),
+        service = ProvisionService(Provisioner(rt, metrics=leader.metrics.cloud),
                                    should_reconcile=lambda: leader.token is not None)
         service.start()
     try:  # blpop waits at most cycle_s, so a stop is seen within that

@@ -18,12 +18,12 @@ table (broker/model/cloud.py):
   node is drained, DRAINING (it takes no new job; its jobs run on); DRAINING with no job
   left -> terminate, TERMINATED;
 - READY or DRAINING whose node's lease expired -> terminate, TERMINATED (its jobs were
-  requeued when the lease expired);
+  requeued when the lease expired; counted ``lost``);
 - a live record whose machine the provider no longer lists -> TERMINATED, unless the record
   moved at or after ``now`` (when the listing began: a launch in another thread may have
   started the machine after the provider was listed), which waits for the next pass;
 - a listed machine tagged with this cluster whose request id is unknown to the store, or
-  whose record has ended -> terminate (an orphan).
+  whose record has ended -> terminate (an orphan: counted ``orphans``, the only step that is).
 
 A provider whose listing failed this pass is left alone: nothing of it is judged on no data.
 """
@@ -214,7 +214,7 @@ def _judge(now: float, rec: Instance, machine: CloudMachine | None, node: Node |
     node_id = rec.node_id or (node.id if node else "")
     if node is None or node.state is NodeState.DOWN or node.lease_expires <= now:
         return [Step(p, rid, I.TERMINATED, f"node {node_id or '?'} lease expired",
-                     terminate=rec.provider_id, count="orphans")]
+                     terminate=rec.provider_id, count="lost")]
     if rec.state is not I.DRAINING and node.state is not NodeState.READY:
         return []  # drained by an operator: theirs to resume
     return _scale(now, rec, node, node_id, busy.get(node_id, 0), t, clocks, asks)

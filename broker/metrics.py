@@ -5,7 +5,8 @@ Each process has one registry: the scheduler's (:func:`scheduler_metrics`) or th
 ``agent_metrics_port`` (broker/config.py; 0 disables). Names follow Prometheus' conventions:
 the ``spillway_`` prefix, base units (``_seconds``), ``_total`` on counters. docs/operations.md
 lists them with the alerts (infra/prometheus/rules.yml) and the dashboard
-(infra/grafana/spillway.json) built on them.
+(infra/grafana/spillway.json) built on them. The cloud's series (instances, spend, launches,
+boot times, orphans) are :class:`broker.metrics_cloud.CloudMetrics`, in the scheduler's registry.
 
 The scheduler's gauges are computed from the cycles' Snapshots (:meth:`observe_cycle`; at
 most every ``GAUGE_EVERY_S`` of the snapshots' time, as each pass reads every pending job and
@@ -29,6 +30,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from broker import metrics_http
+from broker.metrics_cloud import CloudMetrics
 from broker.metrics_http import Guard
 from broker.model import Gpu, Job, PriorityClass
 from broker.plan import Applied, Plan, Snapshot
@@ -121,15 +123,8 @@ class SchedulerMetrics:
         self.jobs_active = Gauge(
             "spillway_jobs_active", "Jobs holding GPUs, by state (STARTING, RUNNING, STOPPING)",
             ["state"], registry=r)
-        # The cloud issues fill these three; they stay empty on an on-prem cluster.
-        self.instances = Gauge("spillway_instances", "Cloud instances rented, by state",
-                               ["state"], registry=r)
-        self.instances_oldest = Gauge(
-            "spillway_instances_oldest_seconds", "Time the oldest instance in each state has "
-            "been in it (REQUESTED or BOOTING for long: stuck)", ["state"], registry=r)
-        self.orphans = Gauge(
-            "spillway_orphan_instances", "Cloud instances found running that the store does "
-            "not know (tagged by Spillway, no instance record)", registry=r)
+        # the cloud's series: instances, spend, launches, boots, orphans (broker/metrics_cloud.py)
+        self.cloud = CloudMetrics(r)
         # -- what this process did
         self.wait = Histogram(
             "spillway_job_wait_seconds", "Queue wait of jobs started, since they were last "
@@ -193,6 +188,7 @@ class SchedulerMetrics:
                 self._gauges_at = snap.now
                 self._queue(snap, {j.id for j in applied.started})
                 self._capacity(snap, applied)
+                self.cloud.observe_snapshot(snap)
             self._started(snap, applied)
             self.set_aside_now.set(len(plan.set_aside))
             for aside in plan.set_aside.values():
@@ -288,6 +284,7 @@ class SchedulerMetrics:
                 if not leading:
                     for z in self._per_cycle:
                         z.clear()
+                    self.cloud.clear()
                     self.set_aside_now.set(0.0)
                     self._breached = set()
             self.leader.set(1.0 if leading else 0.0)

@@ -115,15 +115,22 @@ class ProvisionService:
 
 
 def run_provisioner(redis_url: str, config: Any, loglevel: str = "INFO") -> int:
-    """``spillway provisioner``: the service until SIGTERM or SIGINT."""
+    """``spillway provisioner``: the service until SIGTERM or SIGINT, and its cloud metrics
+    (launches, boots, orphans: broker/metrics_cloud.py) on ``metrics_port``."""
     import signal
 
+    from broker.metrics import Guard, serve
+    from broker.metrics_cloud import CloudMetrics
     from broker.runtime import init_runtime
 
     logging.basicConfig(level=loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    guard = Guard.from_config(config)  # (a metrics_* setting that is wrong: a ConfigError now)
     rt = init_runtime(redis_url, config)
-    service = ProvisionService(Provisioner(rt))
+    metrics = CloudMetrics()  # its launches, boots and orphans, on metrics_port (0: none)
+    if config.metrics_port:
+        serve(metrics.registry, config.metrics_port, guard=guard)
+    service = ProvisionService(Provisioner(rt, metrics=metrics))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

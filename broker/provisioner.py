@@ -12,6 +12,10 @@ Provider errors say what to do next: :class:`~providers.base.Retry` propagates (
 retries with a bounded backoff), :class:`~providers.base.FailOver` marks the record FAILED and
 cools the offer's zone down for ``cooldown_s``, :class:`~providers.base.Stop` marks it FAILED
 with one clear log line.
+
+What it does is counted in :class:`~broker.metrics_cloud.CloudMetrics` (the scheduler's
+registry when it runs inside the scheduler): launches, launches that gave no usable machine
+and why, each machine's boot time, the orphans found and reaped.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from broker.cloud_settings import ProviderSettings
 from broker.errors import JobNotFound
 from broker.ledger import accrue_store
 from broker.lifecycle import IDLE_DRAIN, RESEND_AFTER_S, Step, Timeouts, decide
+from broker.metrics_cloud import CloudMetrics
 from broker.model import Instance, InstanceState, Node, NodeState, Offer
 from broker.runtime import Runtime
 from broker.security import cloud_agent
@@ -57,8 +62,11 @@ class Provisioner:
     """One process's providers (built on first use) and what it does with them."""
 
     def __init__(self, rt: Runtime, providers: Mapping[str, Provider] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 metrics: CloudMetrics | None = None) -> None:
         self.rt, self.clock = rt, clock
+        self.metrics = metrics or CloudMetrics()  # (none given: a registry no one serves)
+        self.metrics.know(rt.config.providers)
         self._providers: dict[str, Provider] = dict(providers or {})
         self._idle_since: dict[str, float] = {}
         self._low_since: dict[str, float] = {}  # READY nodes under half busy, since when
@@ -118,19 +126,25 @@ class Provisioner:
             store.block(block_key_of(inst.offer_id), self.clock() + cool, str(e))
             log.warning("launch %s of %s failed over: %s; zone cools down %.0fs", request_id,
                         inst.offer_id, e, cool)
-            return self._fail(request_id, f"no capacity: {e}")
+            return self._fail(request_id, f"no capacity: {e}", e.code or "no-capacity")
         except Stop as e:
             log.error("launch %s of %s stopped: %s", request_id, inst.offer_id, e)
-            return self._fail(request_id, f"stopped: {e}")
+            return self._fail(request_id, f"stopped: {e}", e.code or "stopped")
 
     def give_up(self, request_id: str, count: int, error: Exception) -> None:
         """After the last retry: the records still REQUESTED fail."""
         for rid in request_ids(request_id, count):
-            self._fail(rid, f"gave up retrying: {error}")
+            self._fail(rid, f"gave up retrying: {error}", "gave-up")
         log.error("launch %s: gave up retrying: %s", request_id, error)
 
-    def _fail(self, request_id: str, reason: str) -> Instance | None:
-        return self.rt.store.move_instance(request_id, I.FAILED, self.clock(), reason)
+    def _fail(self, request_id: str, reason: str, code: str) -> Instance | None:
+        """Fail the record; counted (by ``code``) if this call is what failed it."""
+        before = self.rt.store.instance(request_id)
+        done = self.rt.store.move_instance(request_id, I.FAILED, self.clock(), reason)
+        if before is not None and not before.ended and done is not None \
+                and done.state is I.FAILED:
+            self.metrics.launch_failed(done.provider, code)
+        return done
 
     def _launch(self, inst: Instance) -> Instance | None:
         cfg = self.settings.get(inst.provider)
@@ -165,6 +179,7 @@ class Provisioner:
         if problem:  # it could never register: given back at once, not after boot_timeout_s
             return self._give_back(inst, provider, m, problem)
         self.counts["launched"] += 1
+        self.metrics.launched(inst.provider)
         log.info("launched %s: %s (%s) for request %s", offer.id, m.provider_id,
                  m.native_state, inst.request_id)
         return self.rt.store.move_instance(inst.request_id, I.BOOTING, self.clock(),
@@ -183,6 +198,7 @@ class Provisioner:
             return self.rt.store.move_instance(inst.request_id, I.BOOTING, self.clock(),
                                                problem, provider_id=m.provider_id)
         self.counts["terminated"] += 1
+        self.metrics.launch_failed(inst.provider, "agent-cannot-join")
         log.error("launch %s: %s; machine %s given back", inst.request_id, problem,
                   m.provider_id)
         return self.rt.store.move_instance(inst.request_id, I.FAILED, self.clock(),
@@ -247,13 +263,16 @@ class Provisioner:
                         lambda nid: self._leaving(held.get(nid, {})))
         self._idle_since, self._low_since = result.idle_since, result.low_since
         done: Counter[str] = Counter()
+        reaped: Counter[str] = Counter()  # orphans terminated, by provider
         for step in result.steps:
             try:
                 if self._carry_out(step, now):
                     done[step.count] += 1
+                    reaped[step.provider] += step.count == "orphans"
             except ProviderError as e:
                 log.warning("%s %s: %s failed (%s); tried again next pass", step.provider,
                             step.request_id or step.terminate, step.count, e)
+        self.metrics.observe_orphans(sum(s.count == "orphans" for s in result.steps), +reaped)
         done["forgotten"] += self._forget_nodes(records, nodes, now)
         # (the users of ended machines: the registrar deletes them, broker/security/registrar)
         acc = accrue_store(store, budget_book(store), now)  # the ledger (broker/ledger.py)
@@ -321,13 +340,25 @@ class Provisioner:
         if step.move is not None and step.request_id:
             changes = {k: v for k, v in (("provider_id", step.provider_id),
                                          ("node_id", step.node_id)) if v}
-            store.move_instance(step.request_id, step.move, now, step.reason, **changes)
+            moved = store.move_instance(step.request_id, step.move, now, step.reason, **changes)
+            self._count_move(step, moved, now)
         if step.block and step.request_id:
             inst = store.instance(step.request_id)
             cfg = self.settings.get(step.provider)
             if inst is not None and cfg is not None:
                 store.block(block_key_of(inst.offer_id), now + cfg.cooldown_s, step.reason)
         return True
+
+    def _count_move(self, step: Step, moved: Instance | None, now: float) -> None:
+        """A lifecycle move this pass made: a machine's boot time when it became READY, a
+        failure when one never launched or never registered."""
+        if moved is None or moved.state is not step.move:
+            return
+        if moved.state is I.READY and moved.ready_at == now:
+            self.metrics.booted(moved.provider, now - moved.requested_at)
+        elif moved.state is I.FAILED and moved.ended_at == now:
+            code = "boot-timeout" if step.count == "boot_timeouts" else "not-launched"
+            self.metrics.launch_failed(moved.provider, code)
 
     def publish_offers(self, now: float) -> None:
         offers: list[Offer] = []
