@@ -27,7 +27,10 @@ from policies.placement import Kind
 
 
 def onprem_kinds(cycle: Cycle, job: Job) -> frozenset[Kind]:
-    """The on-prem device kinds that could hold ``job``."""
+    """The on-prem device kinds that could hold ``job`` (none when its sites allow no on-prem
+    node: a cloud-only job is never forecast on-prem, nor counted ahead of others there)."""
+    if "onprem" not in job.spec.sites:
+        return frozenset()
     wanted = cycle.index.wanted(job.res)
     return frozenset(wanted) & _onprem_kinds(cycle)
 

@@ -75,6 +75,10 @@ ROWS: dict[str, tuple[list[Job], dict[str, Any], list[Any], dict[str, str]]] = {
         [late(priority="critical", left=100)], {"active": [running("r", 4, time_limit=20 * H,
                                                                    priority="critical")]},
         [(OD.id, 1, ("p",))], {"p": "Bursting"}),
+    "cloud-only: on-prem in time does not keep it (it cannot run there)": (
+        [late(left=100, sites=("cloud",))],
+        {"active": [running("r", 4, time_limit=10_000 - 1000 + 20)], "offers": (OD,)},
+        [(OD.id, 1, ("p",))], {"p": "Bursting"}),
     "no offer holds it": (
         [late(gpu_types=("H100",), left=-10)], {"nodes": [node("a", 4, "H100-80GB")],
                                                  "active": [running("r", 4, time_limit=20 * H)]},
