@@ -33,6 +33,9 @@ class ProviderSettings:
     name: str
     kind: str
     boot_timeout_s: float = 600.0  # an agent not registered this long after launch: reaped
+    boot_s: float | None = None  # its machines' boot (launch to a registered agent) before
+    # one was seen (None: its kind's default, broker/store/boots.py: local 5 s, clouds 240 s);
+    # each machine that boots then teaches its offer's estimate
     idle_timeout_s: float = 300.0  # a READY cloud node idle this long is drained and released
     cooldown_s: float = 900.0  # a zone is not tried this long after a capacity failure, a
     # boot timeout or a spot notice
@@ -67,6 +70,7 @@ class ProviderSettings:
 
 _COMMON: dict[str, tuple[str, str]] = {  # key: (type, what is allowed)
     "boot_timeout_s": ("seconds", "seconds > 0"),
+    "boot_s": ("seconds", "seconds > 0"),
     "idle_timeout_s": ("seconds", "seconds > 0"),
     "cooldown_s": ("seconds0", "seconds >= 0"),
     "max_instances": ("whole", "a whole number >= 1"),

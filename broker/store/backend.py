@@ -172,4 +172,12 @@ class Backend(Leadership, ABC):
     def _get_offers(self) -> str | None: ...
 
     @abstractmethod
+    def _put_boot(self, offer_id: str, raw: str) -> None:
+        """Replace one offer's boot estimate (broker/store/boots.py, as JSON)."""
+
+    @abstractmethod
+    def _load_boots(self) -> dict[str, str]:
+        """Every offer's boot estimate, as JSON, by offer id."""
+
+    @abstractmethod
     def _load_blocks(self) -> list[Block]: ...

@@ -31,6 +31,7 @@ from broker.model import (
 )
 from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
+from broker.store import boots as _boots
 from broker.store import instances as _instances
 from broker.store import nodes as _nodes
 from broker.store import reports as _reports
@@ -517,8 +518,34 @@ class BaseStore(Backend):
     def move_instance(self, request_id: str, to: InstanceState, now: float, reason: str,
                       **changes: object) -> Instance | None:
         """Move a record along the instance state table (a move it does not allow from the
-        record's current state leaves it unchanged); the record as stored, or None."""
-        return _instances.move(self, request_id, to, now, reason, **changes)
+        record's current state leaves it unchanged); the record as stored, or None. The move
+        that makes a record READY (its agent registered) teaches its offer's boot estimate
+        (broker/store/boots.py)."""
+        out = _instances.move(self, request_id, to, now, reason, **changes)
+        if to is InstanceState.READY and out is not None and out.ready_at == now \
+                and out.state is InstanceState.READY:
+            self.observe_boot(out.offer_id, now - out.requested_at, now)
+        return out
+
+    def observe_boot(self, offer_id: str, seconds: float, now: float) -> _boots.BootEstimate:
+        """One more machine of ``offer_id`` booted in ``seconds``: its estimate updated."""
+        raw = self._load_boots().get(offer_id)
+        est = _boots.BootEstimate.from_json(raw).observed(seconds, now) if raw \
+            else _boots.first(seconds, now)
+        self._put_boot(offer_id, est.to_json())
+        return est
+
+    def boot_estimates(self) -> dict[str, _boots.BootEstimate]:
+        """Each offer's boot estimate, of those that booted a machine, by offer id."""
+        return {k: _boots.BootEstimate.from_json(v) for k, v in self._load_boots().items()}
+
+    def boot_seed(self, provider: str) -> float:
+        """The boot of a provider's machines before any was seen: its ``boot_s`` setting,
+        else its kind's default (broker/store/boots.py)."""
+        cfg = self.config.providers.get(provider)
+        if cfg is None:
+            return _boots.default_for(provider)
+        return cfg.boot_s if cfg.boot_s is not None else _boots.default_for(cfg.kind)
 
     def block(self, key: str, until: float, reason: str) -> None:
         """Cool an offer's zone down until ``until`` (keys: instances.block_key)."""
@@ -534,10 +561,14 @@ class BaseStore(Backend):
         self._put_offers(_instances.offers_doc(offers, now))
 
     def offers(self, now: float, include_blocked: bool = False) -> list[Offer]:
-        """The published offers, less those whose zone cools down at ``now``."""
+        """The published offers, less those whose zone cools down at ``now``, each with its
+        boot estimate in ``extra["boot_s"]`` (broker/store/boots.py)."""
         raw = self._get_offers()
         offers = _instances.offers_from(raw) if raw else []
-        if include_blocked or not offers:
+        if not offers:
+            return offers
+        offers = _boots.dressed(offers, self.boot_estimates(), self.boot_seed)
+        if include_blocked:
             return offers
         blocked = self.blocks(now)
         return [o for o in offers if _instances.block_key(

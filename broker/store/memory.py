@@ -44,6 +44,7 @@ class MemoryStore(BaseStore):
         self._instances: dict[str, tuple[Instance, int]] = {}  # request id -> (record, version)
         self._blocks: dict[str, Block] = {}
         self._offers_doc: str | None = None
+        self._boots: dict[str, str] = {}  # offer id -> its boot estimate (JSON)
 
     def _add_usage(self, team: str, gpu_s: float, now: float, half_life_s: float,
                    sample: tuple[str, str, int, float, float] | None = None) -> None:
@@ -117,6 +118,14 @@ class MemoryStore(BaseStore):
 
     def _get_offers(self) -> str | None:
         return self._offers_doc
+
+    def _put_boot(self, offer_id: str, raw: str) -> None:
+        with self._lock:
+            self._boots[offer_id] = raw
+
+    def _load_boots(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._boots)
 
     def _load(self, job_ids: Sequence[str]) -> list[Job | None]:
         with self._lock:

@@ -35,6 +35,8 @@ Layout, every key under ``prefix`` (default ``sw:``)::
     instances:live        ZSET   request ids of instances not TERMINATED or FAILED
     blocks                HASH   "provider:region:zone:type" -> JSON [until, reason]
     offers                STRING JSON of the offers the provisioner could rent, with a time
+    boots                 HASH   offer id -> JSON [seconds, machines seen, last seen]: its
+                                 machines' boot estimate (store/boots.py)
 
 Each compare-and-set write is one Lua script, so it is atomic on the server; many of them go
 in one pipelined round trip. The ``state``, ``incarnation`` and ``lease_expires`` fields of a

@@ -438,6 +438,12 @@ class RedisRecords(BaseStore):
         raw = self.redis.get(f"{self.prefix}offers")
         return None if raw is None else _str(raw)
 
+    def _put_boot(self, offer_id: str, raw: str) -> None:
+        self.redis.hset(f"{self.prefix}boots", offer_id, raw)
+
+    def _load_boots(self) -> dict[str, str]:
+        return {_str(k): _str(v) for k, v in self.redis.hgetall(f"{self.prefix}boots").items()}
+
     def _load_blocks(self) -> list[Block]:
         out = []
         for key, raw in self.redis.hgetall(self._k_blocks).items():
