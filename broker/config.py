@@ -15,7 +15,6 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -203,7 +202,10 @@ def _misspelt(var: str) -> bool:
 
 
 class _Checked(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    # (built at the first check: with no file and no SPILLWAY_* value there is none, and a
+    # CLI command is spared the build)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True,
+                              defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -440,6 +442,8 @@ def load_config(
     if path is None and default.exists():
         path = default
     if path is not None:
+        import yaml
+
         p = Path(path).expanduser()
         try:
             data = yaml.safe_load(p.read_text()) or {}

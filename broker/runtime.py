@@ -1,4 +1,8 @@
-"""Per-process wiring: the config, the store and the Celery app, built once."""
+"""Per-process wiring: the config, the store and the Celery app, built once.
+
+Each is imported when first used: a CLI command that only reads the store (``spillway
+queue``) never imports Celery.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,18 @@ import os
 import threading
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import redis
-from celery import Celery
-
-from broker.app import app as celery_app
-from broker.app import configure
-from broker.commands import Outbox
 from broker.config import Config, load_config
 from broker.errors import ConfigError
 from broker.security.redact import install_log_redaction, url_password
-from broker.store import open_store
-from broker.store.base import BaseStore
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
+    from broker.commands import Outbox
+    from broker.store.base import BaseStore
 
 
 @dataclass
@@ -30,16 +34,23 @@ class Runtime:
 
     @cached_property
     def store(self) -> BaseStore:
+        from broker.store import open_store
+
         return open_store(self.redis_url, self.config)
 
     @cached_property
     def redis(self) -> redis.Redis:
+        import redis
+
         return redis.Redis.from_url(self.redis_url)
 
     @cached_property
     def celery(self) -> Celery:
         """The process's Celery app, aimed at this cluster. Commands are sent by name
         (broker.commands), so no task module needs importing here."""
+        from broker.app import app as celery_app
+        from broker.app import configure
+
         return configure(celery_app, self.redis_url, self.config)
 
 

@@ -5,11 +5,9 @@ through the API server (broker/api/budgets.py) with the caller's token, which is
 the history.
 """
 
-from __future__ import annotations
-
 import getpass
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -26,7 +24,9 @@ from broker.cli.common import (
     table_width,
 )
 from broker.cli.root import app
-from broker.store.budgets import Budget, BudgetBook, BudgetError, budget_book, parse_alerts
+
+if TYPE_CHECKING:
+    from broker.store.budgets import BudgetBook
 
 Opt = typer.Option
 
@@ -35,8 +35,10 @@ budget_app = typer.Typer(help="Team budgets: cost caps enforced before a burst (
 app.add_typer(budget_app, name="budget")
 
 
-def _target(ctx: typer.Context) -> tuple[Any, BudgetBook | None]:
+def _target(ctx: typer.Context) -> tuple[Any, "BudgetBook | None"]:
     """(the API transport, None) for an https:// URL; (None, the book) for Redis."""
+    from broker.store.budgets import budget_book
+
     client = settings(ctx).client()
     if client._remote is not None:
         return client._remote, None
@@ -74,6 +76,8 @@ def set_(
         raise spec_error("window", f"{len(given)} given" if given else "none given",
                          "exactly one of --monthly, --weekly, --total")
     window, amount = next(iter(given.items()))
+    from broker.store.budgets import Budget, BudgetError, parse_alerts
+
     try:
         budget = Budget(team, amount, window, hard, parse_alerts(alerts))
     except BudgetError as e:

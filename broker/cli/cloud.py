@@ -1,10 +1,8 @@
 """Cloud commands: instances, launch, provisioner (docs/cloud.md)."""
 
-from __future__ import annotations
-
 import time
 import uuid
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -23,12 +21,14 @@ from broker.cli.common import (
 )
 from broker.cli.render import fitted_table
 from broker.cli.root import app
-from broker.model import Instance
+
+if TYPE_CHECKING:
+    from broker.model import Instance
 
 Opt = typer.Option
 
 
-def instance_row(inst: Instance, now: float) -> dict[str, Any]:
+def instance_row(inst: "Instance", now: float) -> dict[str, Any]:
     end = inst.ended_at if inst.ended_at is not None else now
     return {"request_id": inst.request_id, "offer": inst.offer_id, "state": inst.state.value,
             "provider_id": inst.provider_id, "node": inst.node_id,

@@ -7,16 +7,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
 import typer
-from kombu.exceptions import OperationalError
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from broker.config import Config, load_config
 from broker.errors import (
     ConfigError,
     FieldError,
@@ -25,7 +22,9 @@ from broker.errors import (
     SpillwayError,
     StoreRefused,
 )
-from broker.reach import REFUSED
+
+if TYPE_CHECKING:
+    from broker.config import Config
 
 out = Console(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -68,9 +67,16 @@ class Settings:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from policies.settings import check_config  # (the policy names and settings)
+            from broker.config import Config, load_config
 
-            self._config = check_config(load_config(self.config_path))
+            config = load_config(self.config_path)
+            # the default bundle, with no bundles or policy settings of the file's own, passes
+            # check_config by construction: the policies' modules are not imported for it
+            if config.policies or config.policy_settings or config.policy != Config.policy:
+                from policies.settings import check_config  # (the policy names and settings)
+
+                config = check_config(config)
+            self._config = config
         return self._config
 
     def url(self) -> str:
@@ -158,6 +164,30 @@ def usage_error(e: Exception) -> typer.Exit:
     return typer.Exit(int(getattr(e, "exit_code", EXIT_SPEC)))
 
 
+def _refused() -> tuple[type[BaseException], ...]:
+    """Redis refusing this client (broker/reach.py), once a command has imported Redis: only
+    then can it be raised, and ``spillway --help`` never imports it."""
+    if "redis" not in sys.modules:
+        return ()
+    from broker.reach import REFUSED
+
+    return REFUSED
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """Redis not answering, or Celery's transport (kombu) not reaching it: those of the two
+    the command has imported."""
+    errors: tuple[type[BaseException], ...] = ()
+    if "redis" in sys.modules:
+        from broker.reach import UNREACHABLE
+
+        errors += UNREACHABLE
+    kombu = sys.modules.get("kombu.exceptions")
+    if kombu is not None:
+        errors += (kombu.OperationalError,)
+    return errors
+
+
 class SpillwayGroup(TyperGroup):
     """Turns Spillway's errors into one clear line and an exit code, never a traceback."""
 
@@ -182,12 +212,12 @@ class SpillwayGroup(TyperGroup):
             raise typer.Exit(EXIT_SPEC) from None
         except (ConfigError, JobNotFound) as e:
             raise fail(str(e)) from None
-        except REFUSED as e:  # (before ConnectionError: a wrong password is one)
+        except _refused() as e:  # (before ConnectionError: a wrong password is one)
             obj = ctx.find_root().obj
             url = getattr(obj, "redis_url", None)
             raise fail(str(StoreRefused(redacted(url) if url else "the configured Redis",
                                         e))) from None
-        except (redis.ConnectionError, redis.TimeoutError, OperationalError) as e:
+        except _unreachable() as e:
             err.print(f"[red]error:[/] {escape(_redis_hint(ctx))} ({escape(str(e))})")
             raise typer.Exit(EXIT_FAIL) from None
         except SpillwayError as e:

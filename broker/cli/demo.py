@@ -1,8 +1,6 @@
 """``spillway demo``: a local cluster, a small mixed workload, a live table, a summary; by
 default with a ``local`` cloud that the workload overflows into (broker/cli/demo_cloud.py)."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import signal
@@ -13,7 +11,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Group
@@ -27,8 +25,10 @@ from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, redacted, setti
 from broker.cli.ops import _Stop, install_stop_handlers
 from broker.cli.render import fitted_table, gpus_text, state_text
 from broker.cli.root import app
-from broker.model import Job
 from broker.state import TERMINAL, JobState
+
+if TYPE_CHECKING:
+    from broker.model import Job
 
 # Faster timings than production, for a demo on one machine (the environment still wins).
 DEMO_TIMINGS = {
@@ -132,7 +132,7 @@ class Board:
                    for a in j.allocations if a.node_id == self.node)
         return held >= gpus or not any(j.state is JobState.PENDING for j in self.jobs.values())
 
-    def where(self, job: Job) -> str:
+    def where(self, job: "Job") -> str:
         """onprem, or the rented machine's short name (cloud-N), of its latest placement."""
         allocs = job.allocations or (job.attempts[-1].allocations if job.attempts else ())
         if not allocs:
@@ -211,7 +211,7 @@ class Board:
             parts += [Text(), self.machines.render(now, names, width)]
         return Group(*parts)
 
-    def _row(self, job_id: str, job: Job, now: float, ranges: bool) -> tuple[str, ...]:
+    def _row(self, job_id: str, job: "Job", now: float, ranges: bool) -> tuple[str, ...]:
         devices = self._short(job, self.devices.get(job_id, ""))
         return (job.id, job.spec.name or "-", job.team, job.priority, gpus_text(job.spec),
                 job.state.value, fmt_duration(_wait_of(job, now)),
@@ -219,7 +219,7 @@ class Board:
                 (as_ranges(devices) if ranges else devices) or "-",
                 self.last_line.get(job_id, ""))
 
-    def _short(self, job: Job, devices: str) -> str:
+    def _short(self, job: "Job", devices: str) -> str:
         """Static GPUs are named GPU-<node>-<index>: show the indices."""
         allocs = job.allocations or (job.attempts[-1].allocations if job.attempts else ())
         prefix = f"GPU-{allocs[0].node_id if allocs else self.node}-"
@@ -266,13 +266,13 @@ def say(text: str, width: int) -> None:
             out.print(escape(line.replace(nbsp, " ")), soft_wrap=True)
 
 
-def _wait_of(job: Job, now: float) -> float | None:
+def _wait_of(job: "Job", now: float) -> float | None:
     if job.attempts:
         return job.attempts[0].started_at - job.submitted_at
     return (job.finished_at or now) - job.submitted_at
 
 
-def _run_of(job: Job, now: float) -> float | None:
+def _run_of(job: "Job", now: float) -> float | None:
     if not job.attempts:
         return None
     start = job.attempts[-1].started_at
@@ -313,7 +313,7 @@ def summary(board: Board, left: int = 0) -> tuple[Table, list[str]]:
     return table, wrong
 
 
-def closing_notes(jobs: list[Job], config: Any, backfill: bool = True) -> list[str]:
+def closing_notes(jobs: list["Job"], config: Any, backfill: bool = True) -> list[str]:
     """What the demo says when it ends: why a lower class started before a higher one, if one
     did (backfill; not asked with the cloud, where that has other causes), and what to try
     next."""

@@ -13,14 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import fmt_duration
-from broker.model import Instance, InstanceState, Job
+
+if TYPE_CHECKING:
+    from broker.model import Instance, Job
 
 CLUSTER = "demo"
 PROVIDER = "local"
@@ -104,6 +106,8 @@ class Machines:
                    for i in self.records.values())
 
     def counts(self) -> dict[str, int]:
+        from broker.model import InstanceState
+
         states = [i.state for i in self.records.values()]
         return {"launched": len(states),
                 "released": states.count(InstanceState.TERMINATED),

@@ -1,7 +1,5 @@
 """``spillway fidelity``: one trace window on the real system and in the simulator, compared."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Annotated, Any

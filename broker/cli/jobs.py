@@ -1,14 +1,11 @@
 """Researcher commands: submit, queue, show, cancel, logs, explain."""
 
-from __future__ import annotations
-
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 
 from broker.cli.common import (
     EXIT_FAIL,
@@ -26,8 +23,10 @@ from broker.cli.common import (
 from broker.cli.render import explanation_panel, job_panel, jobs_table
 from broker.cli.root import app
 from broker.errors import FieldError, JobNotFound, SpecError
-from broker.model import Job, JobSpec
 from broker.state import ACTIVE, JobState
+
+if TYPE_CHECKING:
+    from broker.model import Job
 
 Opt = typer.Option
 # A JobSpec's numbers come in as text and are checked with the rest of the spec (`--gpus two`:
@@ -45,6 +44,8 @@ _FIELDS = {
 
 
 def _load_file(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
@@ -136,6 +137,8 @@ def submit(
                 data[fld] = {**(data.get(fld) or {}), **parse_pairs(opt_items, fld)}
         except SpecError as e:
             problems += e.errors
+    from broker.model import JobSpec
+
     s = settings(ctx)
     try:  # report every problem at once: the options' and the spec's
         JobSpec.parse(data, s.config)
@@ -159,7 +162,7 @@ def submit(
         raise typer.Exit(EXIT_FAIL)
 
 
-def ended_line(job: Job) -> str:
+def ended_line(job: "Job") -> str:
     """How a job ended, in one line: its state, the cause in words, its exit code
     (``j-... FAILED: TimeLimit, it ran past its time limit (1h00m) and was stopped (exit code
     143)``)."""

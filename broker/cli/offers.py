@@ -2,12 +2,10 @@
 on-prem price) and ``spillway catalog refresh`` (rebuild the catalog from a cloud's API).
 See docs/catalog.md."""
 
-from __future__ import annotations
-
 import difflib
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,8 +14,10 @@ from broker.cli.common import err, out, print_fitted, print_json, settings, spec
 from broker.cli.render import fitted_table
 from broker.cli.root import app
 from broker.gpus import GPU_FAMILIES, KNOWN_MODELS, family_of, normalise_type
-from broker.model.cloud import Market, Offer
 from broker.speed import speed_of
+
+if TYPE_CHECKING:
+    from broker.model.cloud import Offer
 
 Opt = typer.Option
 
@@ -72,7 +72,7 @@ def _checked(catalog: Any, provider: str | None, regions: list[str],
             raise spec_error("region", f"{region!r} is not {where}", ", ".join(known))
 
 
-def offer_json(o: Offer, gpus: int) -> dict[str, Any]:
+def offer_json(o: "Offer", gpus: int) -> dict[str, Any]:
     from providers.catalog import work_price
 
     return {"id": o.id, "provider": o.provider, "region": o.region, "zone": o.zone,
@@ -157,6 +157,7 @@ def offers(
     """The cheapest cloud offers per unit of work (price / (GPUs used x GPU speed)), with the
     configured on-prem price per GPU-hour beside them. The configured providers' offers
     (`providers:`, local ones included: what Spillway rents) come first, marked *."""
+    from broker.model.cloud import Market
     from providers.base import Resources
     from providers.catalog import work_price
 

@@ -1,7 +1,5 @@
 """Operator commands: status, nodes, drain, resume, scheduler, worker, up."""
 
-from __future__ import annotations
-
 import signal
 import time
 from collections import Counter
@@ -29,7 +27,6 @@ from broker.cli.common import (
 )
 from broker.cli.render import nodes_table, queued_at
 from broker.cli.root import app
-from broker.plan import POLICY_ERROR
 
 Opt = typer.Option
 FAILED_WINDOW_S = 600.0  # status counts the cycles that failed this long back
@@ -38,6 +35,8 @@ FAILED_WINDOW_S = 600.0  # status counts the cycles that failed this long back
 def status_data(client: Any) -> dict[str, Any]:
     """The cluster at a glance, from the store: leader, nodes, queue by class, active jobs and
     live cloud instances by state."""
+    from broker.plan import POLICY_ERROR
+
     now = time.time()
     store = client.store
     leader = store.leader(now)

@@ -1,8 +1,6 @@
 """``spillway redis acl``: the Redis ACL user of a component, printed or applied
 (broker/security/acl.py; docs/security.md)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +9,6 @@ from rich.markup import escape
 
 from broker.cli.common import err, fail, out, redacted, settings
 from broker.cli.root import app
-from broker.embedded import read_or_make_secret, write_private
 from broker.security import acl
 
 redis_app = typer.Typer(help="Lock Redis down: ACL users per component (docs/security.md).",
@@ -51,6 +48,8 @@ def acl_command(
     --password-file the printed rules have no password: add >PASSWORD (or #SHA256) before
     running them.
     """
+    from broker.embedded import read_or_make_secret, write_private
+
     try:
         spec = acl.user_for(role, node, user, prefix)
     except acl.AclError as e:

@@ -3,8 +3,6 @@ emissions over a month, a week or a range of days, by team, site or day, as a ta
 JSON or a self-contained HTML page with charts (docs/reports.md). With an ``https://`` URL the
 API server makes it (a finance token's teams only) and it is rendered here."""
 
-from __future__ import annotations
-
 import json
 import time
 from pathlib import Path
@@ -14,11 +12,6 @@ import typer
 
 from broker.cli.common import err, fail, print_fitted, settings, spec_error, table_width
 from broker.cli.root import app
-from broker.report import BY, FORECASTS, build
-from broker.report_data import fallback_note, gather
-from broker.report_html import to_html
-from broker.report_render import FORMATS, renderable, to_csv
-from broker.report_window import ReportError, parse_window
 
 Opt = typer.Option
 
@@ -54,6 +47,12 @@ def report(
 ) -> None:
     """Cloud spend against each team's cap, the forecast to the window's end, on-prem
     chargeback, GPU-hours and emissions, from the ledger, jobs and instances in the store."""
+    from broker.report import BY, FORECASTS, build
+    from broker.report_data import fallback_note, gather
+    from broker.report_html import to_html
+    from broker.report_render import FORMATS, renderable, to_csv
+    from broker.report_window import ReportError, parse_window
+
     by = _choice(by, "--by", BY)
     fmt = _choice(fmt, "--format", FORMATS)
     forecast = _choice(forecast, "--forecast", FORECASTS)

@@ -1,7 +1,5 @@
 """The ``spillway`` Typer app and its global options."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

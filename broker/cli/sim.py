@@ -1,7 +1,5 @@
 """``spillway simulate``: replay a workload trace on a simulated cluster under some policies."""
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +30,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def progress_line(p: Progress) -> str:
+def progress_line(p: "Progress") -> str:
     """One run's progress, under 80 columns:
     ``fcfs         jobs 1,234/3,210  sim 2017-10-05 14:00 (day 1.3)  wall 12 s``."""
     when = datetime.fromtimestamp(p.origin + p.sim_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
@@ -42,7 +40,7 @@ def progress_line(p: Progress) -> str:
 
 
 @contextmanager
-def _progress(policies: tuple[str, ...]) -> Iterator[ProgressFn | None]:
+def _progress(policies: tuple[str, ...]) -> Iterator["ProgressFn | None"]:
     """A progress callback drawing one line per policy on stderr, or None when stderr is not
     a terminal (piped, redirected, under a test runner): then nothing is drawn."""
     if not err.is_terminal:
@@ -54,7 +52,7 @@ def _progress(policies: tuple[str, ...]) -> Iterator[ProgressFn | None]:
     with Live(Text(""), console=err, refresh_per_second=4, transient=False) as live:
         last = [0.0]
 
-        def show(p: Progress) -> None:
+        def show(p: "Progress") -> None:
             lines[p.policy] = progress_line(p)
             now = time.monotonic()
             if p.done or now - last[0] >= 0.25:

@@ -4,8 +4,6 @@ Token commands talk to Redis directly with a ``redis://`` URL (how the first adm
 made) or to the API server with an ``https://`` URL and an admin token.
 """
 
-from __future__ import annotations
-
 import getpass
 import time
 from pathlib import Path
@@ -16,7 +14,6 @@ from rich.table import Table
 
 from broker.cli.common import err, out, print_fitted, print_json, settings, spec_error, table_width
 from broker.cli.root import app
-from broker.model.spec import parse_duration
 
 Opt = typer.Option
 
@@ -87,6 +84,8 @@ def create(
     """Create a token and print it once (it is stored hashed: it cannot be shown again)."""
     expires_s: float | None = None
     if expires.strip().lower() != "never":
+        from broker.model.spec import parse_duration
+
         try:
             expires_s = parse_duration(expires)
         except ValueError as e:

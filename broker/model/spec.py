@@ -94,7 +94,10 @@ class Resources:
 class JobSpec(BaseModel):
     """What a user asks for. Immutable; validated on construction and again against config."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
+    # (its validator is built when first used: reading stored jobs never validates, see
+    # Job.from_dict, so `spillway queue` is spared the build)
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True,
+                              defer_build=True)
 
     command: list[str] | str
     name: str | None = None
