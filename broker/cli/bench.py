@@ -1,7 +1,5 @@
 """``spillway bench``: the benchmarks in :mod:`broker.bench`, as JSON or a small table."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer
@@ -10,8 +8,8 @@ from rich.table import Table
 from broker.cli.common import out, print_json
 from broker.cli.root import app
 
-bench = typer.Typer(help="Benchmarks: the scheduling cycle, and dispatch through real "
-                         "processes.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks: the scheduling cycle, dispatch through real "
+                         "processes, the CLI's own speed.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 
 Opt = typer.Option
@@ -64,6 +62,26 @@ def dispatch(
     from broker.bench import bench_dispatch
 
     _show(bench_dispatch(jobs=jobs, agents=agents, gpus_per_agent=gpus_per_agent), as_json)
+
+
+@bench.command("cli")
+def cli(
+    runs: Annotated[int, Opt("--runs", min=1, help="Times each command is spawned.")] = 20,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Time `spillway --help`, `queue`, `show JOB` and `explain JOB`, each spawned as a fresh
+    process, against a real store: a fresh embedded Redis (target: a median under 0.4 s)."""
+    from broker.cli_bench import bench_cli
+
+    result = bench_cli(runs=runs)
+    if as_json:
+        print_json(result)
+        return
+    _show({**{f"{name} median / p90 s": f"{c['median_s']} / {c['p90_s']}"
+              for name, c in result["commands"].items()},
+           "python -c pass median s": result["python_startup"]["median_s"],
+           "reading floor median s": result["reading_floor"]["median_s"],
+           "target s": result["target_s"], "met": result["met"]}, False)
 
 
 @bench.command("spot-deadline")
