@@ -31,7 +31,16 @@ from broker import commands, feasible
 from broker.app import configure
 from broker.config import Config, load_config
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
-from broker.model import Allocation, HistoryEntry, Job, JobSpec, Node, NodeState, Reason
+from broker.model import (
+    Allocation,
+    BurstOutlook,
+    HistoryEntry,
+    Job,
+    JobSpec,
+    Node,
+    NodeState,
+    Reason,
+)
 from broker.model.cloud import Offer
 from broker.reach import guarded, url_from_file
 from broker.runtime import Runtime
@@ -85,12 +94,17 @@ class Explanation:
     #                                        fair share weighs; 0: no recent usage)
     reservation: Mapping[str, Any] | None = None  # the reservation it holds, if any
     blocked_by: Mapping[str, Any] | None = None  # the reservation that holds it back
+    # a pending job that may burst: its on-prem start forecast, when its SLA breaks, and when
+    # and where it bursts if it still waits then (what the last cycle expected; None: no
+    # such outlook, e.g. an on-prem-only job, or one bursting already)
+    burst: BurstOutlook | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy, "team_usage_gpu_s": self.team_usage_gpu_s,
             "reservation": dict(self.reservation) if self.reservation else None,
             "blocked_by": dict(self.blocked_by) if self.blocked_by else None,
+            "burst": self.burst.to_dict() if self.burst else None,
             "job_id": self.job_id, "name": self.name, "state": self.state.value,
             "team": self.team, "priority": self.priority, "rank": self.rank,
             "sla_s": self.sla_s, "attempt": self.attempt, "waited_s": round(self.waited_s, 3),
@@ -110,6 +124,7 @@ class Explanation:
             **{k: d[k] for k in cls.__dataclass_fields__ if k in d},
             "state": JobState(d["state"]),
             "sla_s": math.inf if d["sla_s"] is None else d["sla_s"],
+            "burst": BurstOutlook.from_dict(d["burst"]) if d.get("burst") else None,
             "placement": tuple(Allocation(a["node_id"], tuple(a["gpu_ids"]), a["rank"])
                                for a in d["placement"]),
             "history": tuple(HistoryEntry(JobState(h[0]), h[1], h[2], h[3])
@@ -486,6 +501,7 @@ class Client:
                 extra.update(position=order.position(job.id), pending_total=order.total,
                              ranked_at=order.at)
             extra.update(self._context(job, reason, now))
+            extra["burst"] = reason.burst
         else:
             reason = _state_reason(job, now)
         return Explanation(

@@ -52,6 +52,7 @@ from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.state import EvictionKind, JobState
+from policies import burst_outlook as outlook
 from policies import deadline_burst
 from policies.burst_evictions import drop_evictions_for, victims_cost
 from policies.burst_home import HOME_DEFAULTS, home_moves
@@ -129,8 +130,8 @@ def sla_burst(cycle: Cycle) -> None:
         try:  # (a job it fails on is set aside: policies/cycle.py deciding)
             cls = may_burst(cycle, job)
             if cls is None:
-                if _breaks(cycle, job):
-                    cycle.pending[job.id] = _not_allowed(cycle, job)
+                if _breaks(cycle, job) or outlook.cloud_only(job):
+                    cycle.pending[job.id] = outlook.not_allowed(cycle, job)
                 continue
             if job.id in room_for and not prefer:
                 continue  # evictions make room for it on-prem (preempt_or_burst 0)
@@ -148,13 +149,6 @@ def sla_burst(cycle: Cycle) -> None:
     home_moves(cycle, cfg, costs)
     drop_evictions_for(cycle, leaving)
     emit(cycle, new, jobs)
-
-
-def _not_allowed(cycle: Cycle, job: Job) -> Reason:
-    cls = cycle.snap.class_by_name.get(job.priority)
-    why = (f"its class {job.priority} may not burst" if cls is None or not cls.may_burst
-           else f"its sites ({', '.join(job.spec.sites)}) keep it off the cloud")
-    return Reason("ClassMayNotBurst", f"its wait breaks the {job.priority} SLA, but {why}")
 
 
 def _breaks(cycle: Cycle, job: Job) -> bool:
@@ -181,6 +175,10 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
                             target)
         if early is None:
             _wake(cycle, decide_at)
+            outlook.tell(cycle, job, offers, costs, cfg, decide_at, target, room, len(new),
+                         lambda: _offer(_cheapest(cycle, job, cls, cfg, costs, offers, room, [],
+                                                  target)),
+                         lambda: _forecast(cycle).start(pos, leaving))
             return False
         _book(cycle, job, early[0], room, new, early[1], early=True)
         return True
@@ -255,6 +253,10 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
             cycle.pending[job.id] = kept
         return None
     return choice, start
+
+
+def _offer(c: _Choice | None) -> Offer | None:
+    return c.offer if c is not None else None
 
 
 def _forecast(cycle: Cycle) -> QueueForecast:
@@ -395,10 +397,8 @@ def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float]
     b.free_gpus -= job.res.gpus
     b.runs_until = max(b.runs_until, now + boot + run)
     b.jobs.append(job.id)
-    when = "never" if not math.isfinite(start) else f"in ~{dur(start - now)}"
     why = f"it makes room on-prem for {made_room_for}, whose SLA would break and who would " \
-          "cost more in the cloud" if made_room_for else \
-        f"on-prem start forecast {when} breaks its {job.priority} SLA" + (
+          "cost more in the cloud" if made_room_for else outlook.why_burst(job, start, now) + (
             " (spot now, while there is some)" if early else "")
     cycle.pending[job.id] = Reason(
         "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "

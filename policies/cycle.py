@@ -34,10 +34,13 @@ class Memory:
     """Caches a scheduler keeps across cycles (one per scheduler process, or per simulation).
 
     ``order_rates``: spillway's order, job id -> (predictor epoch, rate); ``layouts``: node id
-    -> its devices by kind, while the node object is the same (policies/placement.py)."""
+    -> its devices by kind, while the node object is the same (policies/placement.py);
+    ``outlooks``: the offer a waiting job of a shape would rent, while the offers, the quotas
+    and its estimate are the same (policies/burst_outlook.py)."""
 
     order_rates: dict[str, tuple[object, float]] = field(default_factory=dict)
     layouts: dict[str, Any] = field(default_factory=dict)
+    outlooks: dict[Any, Any] = field(default_factory=dict)
 
 
 class Cycle(Protocol):

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from broker.cli.common import fmt_duration
 from broker.client import Explanation, NodeView
-from broker.model import Job, JobSpec
+from broker.model import BurstOutlook, Job, JobSpec
 from broker.security.redact import masked_env
 from broker.state import TERMINAL, JobState
 
@@ -231,6 +231,9 @@ def explanation_panel(e: Explanation) -> Group:
         if res:
             grid.add_row(label, f"{res['job_id']}: {res['model']} on "
                                 f"{', '.join(res['node_ids'])} from {_when(res['start_at'])}")
+    if e.burst is not None:
+        for label, text in burst_rows(e.burst, time.time()):
+            grid.add_row(label, text)
     if e.placement:
         grid.add_row("placement", "; ".join(f"{a.node_id}[{','.join(a.gpu_ids)}]"
                                             for a in e.placement))
@@ -242,6 +245,25 @@ def explanation_panel(e: Explanation) -> Group:
     for h in e.history:
         hist.add_row(_when(h.time), state_text(h.state), escape(h.reason))
     return Group(head, grid, Text(""), hist)
+
+
+def burst_rows(b: BurstOutlook, now: float) -> list[tuple[str, str]]:
+    """The explain panel's rows of a job that may burst: its on-prem start forecast (none for
+    a cloud-only job) and when and where it bursts if it still waits then."""
+    def at(ts: float) -> str:
+        left = ts - now
+        return f"{_when(ts)} ({'in ' + fmt_duration(left) if left > 0 else 'due now'})"
+
+    rows = []
+    if not b.cloud_only:
+        sla = f"its SLA breaks at {_when(b.sla_at)}"
+        rows.append(("on-prem start", "none forecast; " + sla if b.onprem_start is None else
+                     f"forecast {at(b.onprem_start)}; " + sla))
+    unless = "a rented machine frees up" if b.cloud_only else "it starts on-prem"
+    rows.append(("bursts", f"at {at(b.burst_at)} to {escape(b.where)}, "
+                           f"${b.price_per_hour:g}/h (boots in ~{fmt_duration(b.boot_s)}), "
+                           f"unless {unless} first"))
+    return rows
 
 
 def nodes_table(nodes: Sequence[NodeView], width: int | None = None) -> Table:

@@ -19,7 +19,15 @@ from broker.model.cloud import (
     Offer,
     Site,
 )
-from broker.model.job import BY_AGE, Allocation, Attempt, HistoryEntry, Job, Reason
+from broker.model.job import (
+    BY_AGE,
+    Allocation,
+    Attempt,
+    BurstOutlook,
+    HistoryEntry,
+    Job,
+    Reason,
+)
 from broker.model.machine import StateChange
 from broker.model.node import NODE_TERMINAL, NODE_TRANSITIONS, Gpu, Node, NodeState
 from broker.model.spec import SITES, JobSpec, Resources, SpecDefaults, parse_duration, parse_time
@@ -35,6 +43,7 @@ __all__ = [
     "SITES",
     "Allocation",
     "Attempt",
+    "BurstOutlook",
     "FieldError",
     "Gpu",
     "HistoryEntry",

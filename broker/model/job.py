@@ -6,7 +6,7 @@ through :meth:`Job.with_state`, which follows the table in :mod:`broker.state`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from operator import attrgetter
@@ -47,11 +47,57 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class BurstOutlook:
+    """What the burst phase expects of a pending job that may burst and waits (policies/
+    burst_outlook.py): its on-prem start forecast, when its SLA breaks, and the moment it
+    bursts if it is still waiting then, to which offer. Times are absolute (seconds since the
+    epoch), so the record stays the same from cycle to cycle while the forecast does."""
+
+    burst_at: float  # when the burst policy decides, if the job is still waiting then
+    sla_at: float  # when the job's SLA breaks (its queueing plus its class's SLA)
+    onprem_start: float | None  # its forecast on-prem start (None: never: cloud-only, or
+    #                             no on-prem GPU could hold it)
+    offer_id: str  # the offer it would rent, as things stand now
+    provider: str
+    region: str
+    zone: str
+    market: str  # "spot" or "ondemand"
+    instance_type: str
+    price_per_hour: float  # the offer's price, the whole instance
+    boot_s: float  # the offer's boot estimate (the providers' machines' observed boots)
+    cloud_only: bool = False  # its sites allow no on-prem node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BurstOutlook:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    @property
+    def where(self) -> str:
+        """The offer for a sentence: ``gcp us-central1-a spot a2-highgpu-1g``."""
+        return f"{self.provider} {self.zone or self.region} {self.market} {self.instance_type}"
+
+
+@dataclass(frozen=True)
 class Reason:
-    """Why a job is still pending. ``code`` is stable (Priority, Resources, NoFeasibleNode...)."""
+    """Why a job is still pending. ``code`` is stable (Priority, Resources, NoFeasibleNode...).
+    ``burst``: for a job that may burst and waits, what the burst phase expects of it."""
 
     code: str
     message: str
+    burst: BurstOutlook | None = None
+
+    def to_list(self) -> list[Any]:
+        """As stored: ``[code, message]``, with the outlook's dict third when there is one."""
+        out: list[Any] = [self.code, self.message]
+        return [*out, self.burst.to_dict()] if self.burst is not None else out
+
+    @classmethod
+    def from_list(cls, raw: Sequence[Any]) -> Reason:
+        burst = BurstOutlook.from_dict(raw[2]) if len(raw) > 2 and raw[2] else None
+        return cls(str(raw[0]), str(raw[1]), burst)
 
 
 @dataclass(frozen=True)
@@ -123,10 +169,7 @@ class Job:
             "exit_code": self.exit_code,
             "parts_exited": [list(p) for p in self.parts_exited],
             "stop_target": self.stop_target.value if self.stop_target else None,
-            "pending_reason": (
-                [self.pending_reason.code, self.pending_reason.message]
-                if self.pending_reason else None
-            ),
+            "pending_reason": self.pending_reason.to_list() if self.pending_reason else None,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
@@ -152,7 +195,8 @@ class Job:
             exit_code=d["exit_code"],
             parts_exited=tuple((r, c) for r, c in d["parts_exited"]),
             stop_target=JobState(d["stop_target"]) if d["stop_target"] else None,
-            pending_reason=Reason(*d["pending_reason"]) if d["pending_reason"] else None,
+            pending_reason=Reason.from_list(d["pending_reason"]) if d["pending_reason"]
+            else None,
             started_at=d["started_at"],
             finished_at=d["finished_at"],
         )

@@ -17,7 +17,7 @@ Layout, every key under ``prefix`` (default ``sw:``)::
                                  that run there (written with each job write)
     reports:{node}        STREAM the agent's reports (started, exited, preempted, registered),
                                  applied by the leading scheduler (store/node_reports.py)
-    reasons               HASH   job id -> JSON [code, message]
+    reasons               HASH   job id -> JSON [code, message(, burst outlook)]
     logs:{job}:{attempt}@{node}  STREAM t (time), s ("out" or "err"), x (text): one per node
                                  of the attempt, written by that node's agent
     usage                 HASH   team -> JSON [decayed GPU-seconds, as of time]

@@ -290,7 +290,7 @@ class RedisRecords(BaseStore):
             pipe.hdel(self._k_reasons, *delete)
         if set_:
             pipe.hset(self._k_reasons, mapping={
-                k: json.dumps([r.code, r.message]) for k, r in set_.items()
+                k: json.dumps(r.to_list()) for k, r in set_.items()
             })
         if gathered is None:
             pipe.execute()
@@ -319,7 +319,7 @@ class RedisRecords(BaseStore):
         if not job_ids:
             return []
         raw = self.redis.hmget(self._k_reasons, list(job_ids))
-        return [None if r is None else Reason(*json.loads(r)) for r in raw]
+        return [None if r is None else Reason.from_list(json.loads(r)) for r in raw]
 
     # -- fair-share usage, runtime samples, the reservation ----------------------------------
 

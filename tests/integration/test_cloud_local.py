@@ -24,10 +24,12 @@ from celery import Celery
 
 from broker import commands
 from broker.app import configure
+from broker.client import Explanation
 from broker.embedded import LocalCluster
 from broker.model import Instance, InstanceState
 from broker.state import JobState
 from broker.store import open_store
+from policies.burst_outlook import clock
 from providers.local import LocalProvider
 from providers.userdata import render
 from tests.integration.harness import FAST_TIMINGS, running, wait_until, with_db
@@ -225,6 +227,81 @@ def test_a_provisioner_killed_between_launch_and_record_leaves_no_orphan(
             assert len(list(files.glob("*.json"))) == 1  # one machine, never a second
             _until(c, rid, I.TERMINATED, "the idle machine to be released")
             assert "orphan" not in c.logs_of("provisioner-2")
+    finally:
+        left = [m for m in provider.instances().values() if m.state is not I.TERMINATED]
+        provider.terminate(list(provider.instances()))
+    assert left == []
+
+
+def test_explain_says_when_and_where_a_waiting_job_bursts(redis_url: str, tmp_path: Path
+                                                          ) -> None:
+    """A ``high`` job on a full cluster (one on-prem GPU, held) is told when it bursts and to
+    which offer, with the local machine's boot: seconds (its kind's seed), not 240 s. A
+    cloud-only job is told its own story. A machine that boots teaches its offer's estimate,
+    which the next waiting job's decision time uses."""
+    url = with_db(redis_url, 13)
+    cluster = "t" + uuid.uuid4().hex[:8]
+    cfg = _config(tmp_path, cluster)
+    provider = LocalProvider("local", cluster, state_dir=str(tmp_path / "cloud"))
+    margin = 300.0  # the burst policy's margin_s (policies/burst.py)
+    try:
+        with running(url, tmp_path) as c:
+            c.env["SPILLWAY_CONFIG"] = str(cfg)
+            c.start_scheduler()
+            c.start_agent("n1", gpus="1xA100-80GB", cpus=4)
+            hold = c.client.submit(command="sleep 600", gpus=1, priority="low",
+                                   sites=["onprem"], name="holds-n1")
+            wait_until(lambda: c.client.get(hold.id).state is JobState.RUNNING, 30,
+                       "the on-prem GPU to be taken")
+
+            def told(job_id: str) -> Explanation:
+                def outlook() -> Explanation | None:
+                    e = c.client.explain(job_id)
+                    return e if e.burst is not None else None
+
+                out = wait_until(outlook, 30, f"{job_id}'s burst outlook")
+                assert out is not None
+                return out
+
+            high = c.client.submit(command="sleep 600", gpus=1, priority="high")
+            e = told(high.id)
+            assert e.burst is not None and e.burst.offer_id == OFFER
+            assert e.burst.boot_s == 5.0 and not e.burst.cloud_only  # the local seed
+            assert e.burst.burst_at == pytest.approx(high.submitted_at + 1800 - 5 - margin)
+            at = clock(e.burst.burst_at, e.burst.burst_at)
+            assert f"bursts at {at} to local home-a ondemand local-2xa100-80gb ($3/h, ~5s to " \
+                   "boot)" in e.message
+            shown = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url,
+                                    "explain", high.id], env=c.env, capture_output=True,
+                                   text=True, timeout=60)
+            assert "unless it starts on-prem first" in " ".join(shown.stdout.split()), \
+                shown.stdout
+
+            cloud = c.client.submit(command="sleep 600", gpus=1, priority="high",
+                                    sites=["cloud"])
+            e = told(cloud.id)
+            assert e.reason_code == "CloudOnly" and e.burst is not None and e.burst.cloud_only
+            assert "higher-ranked" not in e.message
+
+            # a machine boots: its offer learns what it took; both jobs run there
+            done = subprocess.run([sys.executable, "-m", "broker.cli", "--redis-url", url,
+                                   "launch", OFFER], env=c.env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            ready = _until(c, done.stdout.split()[0], I.READY, "the machine to register")
+            took = (ready.ready_at or 0.0) - ready.requested_at
+            assert c.store.boot_estimates()[OFFER].seconds == pytest.approx(took)
+            for job in (high, cloud):
+                wait_until(lambda j=job: c.client.get(j.id).state is JobState.RUNNING, 30,
+                           f"{job.id} to run on the machine")
+
+            late = c.client.submit(command="true", gpus=1, priority="high")
+            e = told(late.id)
+            assert e.burst is not None and e.burst.boot_s == pytest.approx(took)
+            assert e.burst.burst_at == pytest.approx(late.submitted_at + 1800 - took - margin)
+            for job in (hold, high, cloud, late):
+                c.client.cancel(job.id)
+            _until(c, ready.request_id, I.TERMINATED, "the idle machine to be released")
     finally:
         left = [m for m in provider.instances().values() if m.state is not I.TERMINATED]
         provider.terminate(list(provider.instances()))

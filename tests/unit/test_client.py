@@ -277,6 +277,27 @@ def test_explain_reads_the_position_the_last_cycle_recorded(client: Client) -> N
     assert "estimate_s" not in out and "fairshare" not in out
 
 
+def test_explain_reads_the_burst_outlook_the_last_cycle_recorded(client: Client) -> None:
+    """A reason's burst outlook (policies/burst_outlook.py) goes through Redis and back as
+    data: the client, its JSON and the CLI show it; a reason without one has none."""
+    from broker.model import BurstOutlook
+
+    a, b = (client.submit(command="true", gpus=1, priority="high") for _ in range(2))
+    now = time.time()
+    out = BurstOutlook(burst_at=now + 1200, sla_at=now + 1500, onprem_start=None,
+                       offer_id="local:home:home-a:ondemand/t1", provider="local",
+                       region="home", zone="home-a", market="ondemand", instance_type="t1",
+                       price_per_hour=3.0, boot_s=4.2)
+    client.store.apply(Plan(pending={a.id: Reason("Resources", "first in line; bursts", out),
+                                     b.id: Reason("Priority", "behind a")},
+                            order=(a.id, b.id)), now)
+    e = client.explain(a.id)
+    assert e.burst == out and e.reason_code == "Resources"
+    assert e.to_dict()["burst"]["boot_s"] == 4.2
+    assert client.get(a.id).pending_reason == Reason("Resources", "first in line; bursts", out)
+    assert client.explain(b.id).burst is None
+
+
 def test_explain_says_when_the_scheduler_went_quiet(client: Client) -> None:
     job = client.submit(command="true", gpus=1)
     client.store.apply(Plan(order=()), time.time() - 3600)  # the last cycle, an hour ago
