@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 from rich.markup import escape
@@ -12,10 +13,12 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import fmt_duration
-from broker.client import Explanation, NodeView
-from broker.model import BurstOutlook, Job, JobSpec
 from broker.security.redact import masked_env
 from broker.state import TERMINAL, JobState
+
+if TYPE_CHECKING:
+    from broker.client import Explanation, NodeView
+    from broker.model import BurstOutlook, Job, JobSpec
 
 STATE_STYLE = {
     JobState.PENDING: "yellow",
