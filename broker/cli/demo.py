@@ -332,10 +332,10 @@ def closing_notes(jobs: list["Job"], config: Any, backfill: bool = True) -> list
                      f"{lo.name} fitted in the GPUs left idle meanwhile, never delaying the job "
                      f"first in line. `spillway explain JOB` says why a job waits.")
     notes.append("Next: `spillway up` runs this cluster until Ctrl-C (`--cloud local` adds "
-                 "the cloud) and prints the `export SPILLWAY_REDIS_URL=...` line for "
-                 "another terminal; there, from your project's directory: `spillway "
-                 "submit --gpus 1 -- python train.py`, then `spillway queue`, `spillway "
-                 "explain JOB`, `spillway logs -f JOB`.")
+                 "the cloud) and prints the `export` lines for another terminal (the Redis "
+                 "URL; with the cloud, its configuration file too); there, from your "
+                 "project's directory: `spillway submit --gpus 1 -- python train.py`, then "
+                 "`spillway queue`, `spillway explain JOB`, `spillway logs -f JOB`.")
     return notes
 
 
