@@ -77,23 +77,37 @@ def status_data(client: Any) -> dict[str, Any]:
     }
 
 
-def status_screen(data: dict[str, Any]) -> Group:
+def status_screen(data: dict[str, Any], width: int | None = None) -> Group:
+    """The screen of ``spillway status``, ``width`` columns wide (None: any). Where the nodes'
+    table would not fit, who drained each node and how its jobs are kept apart go to a line
+    under it: a node's id, state, site and GPUs are never cut."""
     lead = data["leader"]
     parts: list[Any] = [
         Text.assemble(("Leader     ", "bold"),
                       (f"{lead['token']}, lease {lead['lease_left_s']:.1f}s left", "green")
                       if lead else ("none: no scheduler leads (start `spillway scheduler`)",
                                     "red"))]
+    rows = [(n["id"], n["state"], n["site"], f"{n['gpus_free']}/{n['gpus_total']}",
+             n["drained_by"] or "-", n.get("isolation") or "-") for n in data["nodes"]]
+    heads = ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "DRAINED BY", "JOBS ISOLATED")
+    need = sum(max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(heads))
+    wide = width is None or need + 2 * (len(heads) - 1) <= width
     nodes = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
                   title=f"Nodes ({len(data['nodes'])})", title_style="bold")
-    for col in ("NODE", "STATE", "SITE", "GPUS FREE/TOTAL", "DRAINED BY", "JOBS ISOLATED"):
+    for col in heads if wide else heads[:4]:
         nodes.add_column(col, no_wrap=True)
-    for n in data["nodes"]:
-        style = {"READY": "green", "DRAINING": "yellow"}.get(n["state"], "red")
-        iso = n.get("isolation") or "-"
-        nodes.add_row(escape(n["id"]), Text(n["state"], style=style), escape(n["site"]),
-                      f"{n['gpus_free']}/{n['gpus_total']}", escape(n["drained_by"] or "-"),
-                      Text(iso, style="" if iso in ("uid per team", "-") else "yellow"))
+    below: list[Text] = []
+    for node_id, state, site, gpus, drained, iso in rows:
+        style = {"READY": "green", "DRAINING": "yellow"}.get(state, "red")
+        cells: list[Any] = [escape(node_id), Text(state, style=style), escape(site), gpus]
+        iso_text = Text(iso, style="" if iso in ("uid per team", "-") else "yellow")
+        if wide:
+            cells += [escape(drained), iso_text]
+        else:
+            below.append(Text.assemble(f"  {node_id}: ", *(
+                [f"drained by {drained}; "] if drained != "-" else []), "jobs isolated: ",
+                iso_text))
+        nodes.add_row(*cells)
     queue = Table(header_style="bold", box=None, pad_edge=False, title_justify="left",
                   title="Queue", title_style="bold")
     for col in ("CLASS", "PENDING", "OLDEST WAIT", "SLA"):
@@ -105,7 +119,8 @@ def status_screen(data: dict[str, Any]) -> Group:
                            style="red" if late else ""),
                       fmt_duration(q["sla_s"]) if q["sla_s"] is not None else "-")
     a = data["active"]
-    parts += [nodes if data["nodes"] else Text("Nodes      none registered"), queue,
+    parts += [*([nodes, *below] if data["nodes"] else [Text("Nodes      none registered")]),
+              queue,
               Text.assemble(("Running    ", "bold"), f"{data['running']} job(s) "
                             f"({a['STARTING']} starting, {a['STOPPING']} stopping)"),
               Text.assemble(("Cloud      ", "bold"), ", ".join(
@@ -143,7 +158,7 @@ def status(
     if as_json:
         print_json(data)
     else:
-        out.print(status_screen(data))
+        out.print(status_screen(data, out.width))
 
 
 @app.command()
