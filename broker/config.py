@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Generic, TypeGuard, TypeVar, overload
 
 from pydantic import (
     BaseModel,
@@ -25,12 +25,13 @@ from pydantic import (
     field_validator,
 )
 
-from broker.cloud_settings import parse_providers
-from broker.energy_settings import CarbonSettings, EnergySettings, parse_carbon, parse_energy
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
 from broker.model.classes import ROLES
 from broker.model.values import MAX_TIME_LIMIT_S
+
+if TYPE_CHECKING:  # (imported when first read: the CLI's reading commands need neither)
+    from broker.energy_settings import CarbonSettings, EnergySettings
 
 __all__ = [  # PriorityClass and Team are re-exported: callers import them from here too
     "CLASS_KEYS",
@@ -54,6 +55,41 @@ DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
     PriorityClass("normal", 200, 4 * 3600, preemptible=True),
     PriorityClass("low", 100, 24 * 3600, preemptible=True, may_burst=False),
 )
+
+
+_T = TypeVar("_T")
+
+
+class _Deferred(Generic[_T]):
+    """A Config field whose default is built when the field is first read, not when the
+    Config is made: ``energy`` and ``carbon`` import the energy model, the tariffs and the
+    carbon sources, which a command that only reads jobs never uses. A value given to the
+    Config (or to ``replace``) is kept as given; the default is made once per Config."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self._module, self._class = module, name
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> None: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> _T: ...
+    def __get__(self, obj: object | None, owner: type) -> _T | None:
+        if obj is None:
+            return None  # (the dataclass's default: None stands for "the default, when read")
+        value = obj.__dict__.get(self._name)
+        if value is None:
+            import importlib
+
+            value = getattr(importlib.import_module(self._module), self._class)()
+            obj.__dict__[self._name] = value
+        return value  # type: ignore[no-any-return]
+
+    def __set__(self, obj: object, value: _T | None) -> None:
+        obj.__dict__[self._name] = value
 
 
 @dataclass(frozen=True)
@@ -119,10 +155,12 @@ class Config:
     # broker.cloud_settings.ProviderSettings (none configured: a plan's cloud work is refused)
     cluster_name: str = "spillway"  # tags every cloud machine; machines tagged with it and
     # unknown to the store are reaped as orphans, so clusters sharing an account differ
-    energy: EnergySettings = field(default_factory=EnergySettings)  # the energy model and
-    # the on-prem sites' carbon zone, PUE, price and electricity tariff (docs/carbon.md)
-    carbon: CarbonSettings = field(default_factory=CarbonSettings)  # the carbon-intensity
-    # source (csv, electricitymaps, watttime, uk-carbon-intensity, carbon-aware-sdk)
+    energy: _Deferred[EnergySettings] = _Deferred("broker.energy_settings", "EnergySettings")
+    # the energy model and the on-prem sites' carbon zone, PUE, price and electricity tariff
+    # (docs/carbon.md); EnergySettings() unless given, made when first read
+    carbon: _Deferred[CarbonSettings] = _Deferred("broker.energy_settings", "CarbonSettings")
+    # the carbon-intensity source (csv, electricitymaps, watttime, uk-carbon-intensity,
+    # carbon-aware-sdk); CarbonSettings() unless given, made when first read
     extra: Mapping[str, Any] = field(default_factory=dict)  # unused: an unknown key is an error
 
     def team(self, name: str) -> Team:
@@ -182,6 +220,7 @@ _RULES: dict[str, tuple[type, dict[str, Any], str]] = {
                      "most 63 characters: every cloud's tags can hold it)"),
 }
 _SCALARS = tuple(_RULES)
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 #: Every key a configuration file may have, in the order they are listed.
 CONFIG_KEYS = tuple(f.name for f in fields(Config) if f.name != "extra")
 #: ``SPILLWAY_*`` variables that are not configuration keys (set for jobs, or read elsewhere).
@@ -218,7 +257,7 @@ class _Checked(BaseModel):
     @field_validator("redis_url", check_fields=False)
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+        if value is not None and not value.startswith(_REDIS_SCHEMES):
             raise ValueError("not a Redis URL")
         return value
 
@@ -271,9 +310,23 @@ def _problem(err: Mapping[str, Any], key: str, env: bool) -> str:
     return f"{name}: {value!r} is not allowed; use {allowed}"
 
 
+def _as_given(key: str, value: Any) -> bool:
+    """Whether the check would take ``value`` for ``key`` as it is: a str for a key that is
+    any str, a Redis URL (or none) for ``redis_url``."""
+    rule = _RULES.get(key)
+    if rule is None or rule[0] is not str or rule[1]:
+        return False
+    if key == "redis_url":
+        return value is None or (type(value) is str and value.startswith(_REDIS_SCHEMES))
+    return type(value) is str
+
+
 def _check(data: Mapping[str, Any], env: bool) -> dict[str, Any]:
     """The keys of ``data`` (of the file, or of the variables: ``env``) checked and converted;
-    ConfigError with one line per problem."""
+    ConfigError with one line per problem. Keys whose values need neither (the usual
+    ``SPILLWAY_REDIS_URL``) are taken as they are, without building the check's model."""
+    if all(_as_given(k, v) for k, v in data.items()):
+        return dict(data)
     try:
         model = _Model.model_validate(dict(data))
     except ValidationError as e:
@@ -429,6 +482,14 @@ def _blank(key: str, value: Any) -> Any:
     return {} if key in ("providers", "job_users") and value is None else value
 
 
+def _replace(cfg: Config, **changes: Any) -> Config:
+    """``dataclasses.replace``, leaving the deferred fields (:class:`_Deferred`) that were
+    never read unmade: replace reads every field it is not given."""
+    unmade: dict[str, Any] = {f: None for f in ("energy", "carbon")
+                              if f not in changes and cfg.__dict__.get(f) is None}
+    return replace(cfg, **changes, **unmade)
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -460,14 +521,19 @@ def load_config(
         if "teams" in changes:
             changes["teams"] = parse_teams(changes["teams"])
         if "providers" in changes:
+            from broker.cloud_settings import parse_providers
+
             changes["providers"] = parse_providers(changes["providers"])
         if "job_users" in changes:
             changes["job_users"] = {str(k): str(v) for k, v in changes["job_users"].items()}
-        if "energy" in changes:
-            changes["energy"] = parse_energy(changes["energy"])
-        if "carbon" in changes:
-            changes["carbon"] = parse_carbon(changes["carbon"])
-        cfg = replace(cfg, **changes)
+        if "energy" in changes or "carbon" in changes:
+            from broker.energy_settings import parse_carbon, parse_energy
+
+            if "energy" in changes:
+                changes["energy"] = parse_energy(changes["energy"])
+            if "carbon" in changes:
+                changes["carbon"] = parse_carbon(changes["carbon"])
+        cfg = _replace(cfg, **changes)
         if "policy_settings" in changes and not isinstance(cfg.policy_settings, Mapping):
             raise ConfigError("config policy_settings: must be a mapping of policy name to its "
                               "settings, e.g. {spillway: {fairshare_tier: 0.9}}")
@@ -476,10 +542,10 @@ def load_config(
              for var, value in env.items() if var in variables}
     unknown = [var for var in env if var not in variables and _misspelt(var)]
     if given or unknown:
-        cfg = replace(cfg, **_check(given | {v: env[v] for v in unknown}, env=True))
+        cfg = _replace(cfg, **_check(given | {v: env[v] for v in unknown}, env=True))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if clean:
-        cfg = replace(cfg, **clean)
+        cfg = _replace(cfg, **clean)
     if cfg.priority(cfg.default_class) is None:
         raise ConfigError(
             f"config default_class: {cfg.default_class!r} is not one of {list(cfg.class_names)}"
