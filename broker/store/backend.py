@@ -15,11 +15,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker.model import Instance, Job, Node, Reason
-from broker.store import transitions as T
-from broker.store.instances import Block
 from broker.store.leadership import Leadership
+
+if TYPE_CHECKING:  # (for the types only: reading a job needs neither module)
+    from broker.store import transitions as T
+    from broker.store.instances import Block
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
@@ -29,18 +29,18 @@ from broker.model import (
     Reason,
     Site,
 )
-from broker.plan import Applied, Plan, Reservation, Snapshot
 from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
-from broker.store import boots as _boots
-from broker.store import instances as _instances
-from broker.store import nodes as _nodes
-from broker.store import reports as _reports
-from broker.store import transitions as T
 from broker.store.backend import Backend, QueueOrder
-from broker.store.budgets import budget_book, with_budgets
-from broker.store.events import JobEvent
-from broker.store.instances import Block
 from broker.store.status import CHANGED, FENCED, OK, RETRIES, VERSION, Usage
+
+if TYPE_CHECKING:
+    # (the write side's modules and the plan's types are imported where a method uses them:
+    # a command that reads jobs loads none of them; tests/unit/test_cli_imports.py)
+    from broker.plan import Applied, Plan, Reservation, Snapshot
+    from broker.store import boots as _boots
+    from broker.store import transitions as T
+    from broker.store.events import JobEvent
+    from broker.store.instances import Block
 
 FAILURES_KEPT = 1000  # failed cycles recorded (about 16 minutes of one a second)
 
@@ -69,6 +69,8 @@ class BaseStore(Backend):
                     reason: str = "Submitted") -> list[Job]:
         """Store validated specs as PENDING jobs, all or none of them (``reason``: the first
         history entry's, e.g. who submitted them)."""
+        from broker.store import transitions as T
+
         checked = [s.checked(self.config) for s in specs]  # raises before anything is written
         ids = list(job_ids) if job_ids else [new_job_id() for _ in checked]
         taken = [i for i, j in zip(ids, self._load(ids)) if j is not None]
@@ -240,6 +242,8 @@ class BaseStore(Backend):
 
     def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
+        from broker.store import transitions as T
+
         return self._update(job_id, T.report, attempt, event, now,
                             self.config.max_preemptions)
 
@@ -247,6 +251,8 @@ class BaseStore(Backend):
                     ) -> list[Job | Exception]:
         """Several reports (job id, attempt, event, time) with the outcome of :meth:`report`
         for each in turn, in a few round trips (broker/store/reports.py)."""
+        from broker.store import reports as _reports
+
         return _reports.report_many(self, reports)
 
     def spec_problems(self, jobs: Sequence[Job]) -> dict[str, str]:
@@ -266,14 +272,20 @@ class BaseStore(Backend):
         return [None] * len(job_ids)
 
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
+        from broker.store import transitions as T
+
         return self._update(job_id, T.cancel, now, reason)
 
     def preempt(self, job_id: str, attempt: int, now: float, reason: str,
                 kind: EvictionKind = EvictionKind.PRIORITY) -> Job:
+        from broker.store import transitions as T
+
         return self._update(job_id, T.preempt, attempt, now, reason, kind)
 
     def check_attempt(self, job_id: str, attempt: int) -> Job:
         """Return the job if ``attempt`` is its current, active attempt; else StaleAttempt."""
+        from broker.store import transitions as T
+
         job = self._load([job_id])[0]
         if job is None:
             raise StaleAttempt(job_id, attempt, 0, "MISSING")
@@ -295,6 +307,9 @@ class BaseStore(Backend):
                       ) -> tuple[Snapshot, list[tuple[str, str, int, float, float]], str | None]:
         """:meth:`snapshot`, and in the same round trip the runtime samples after the cursor
         ``runtimes_after`` (None: none) with the new cursor."""
+        from broker.plan import Reservation, Snapshot
+        from broker.store.budgets import budget_book, with_budgets
+
         pend, act, all_nodes, allocated, meta = self._read_state(runtimes_after)
         pending = tuple([j for j in pend if j.state is JobState.PENDING])
         active = tuple([j for j in act if j.state in ACTIVE])
@@ -344,6 +359,9 @@ class BaseStore(Backend):
     def apply(self, plan: Plan, now: float) -> Applied:
         """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose
         GPUs were taken, is skipped, never half-done. Safe to run twice on the same Plan."""
+        from broker.plan import Applied
+        from broker.store import transitions as T
+
         started, stopping, skipped = [], [], []
         if plan.starts:
             changes = []
@@ -447,6 +465,8 @@ class BaseStore(Backend):
 
     def reservation(self) -> Reservation | None:
         """The reservation the last applied Plan made (EASY backfill), if any."""
+        from broker.plan import Reservation
+
         raw = self._get_reservation()
         return Reservation.from_dict(json.loads(raw)) if raw else None
 
@@ -455,6 +475,8 @@ class BaseStore(Backend):
     def adopt_node(self, node_id: str, incarnation: str, now: float) -> list[Job]:
         """Take a node's new agent incarnation, requeueing what earlier ones held
         (broker/store/nodes.py :func:`adopt`)."""
+        from broker.store import nodes as _nodes
+
         return _nodes.adopt(self, node_id, incarnation, now)
 
     def take_node_reports(self, limit: int = 1000) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -467,14 +489,20 @@ class BaseStore(Backend):
     def heartbeat(self, node: Node, ttl: float, now: float) -> list[Job]:
         """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
         jobs the old one held: their processes died with it. Returns the jobs requeued."""
+        from broker.store import nodes as _nodes
+
         return _nodes.heartbeat(self, node, ttl, now)
 
     def set_node_state(self, node_id: str, state: NodeState, by: str = "operator") -> Node:
         """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
         on a resume). DOWN is only reached by lease expiry."""
+        from broker.store import nodes as _nodes
+
         return _nodes.set_node_state(self, node_id, state, by)
 
     def nodes(self) -> list[Node]:
+        from broker.store import nodes as _nodes
+
         return _nodes.nodes(self)
 
     def forget_node(self, node_id: str) -> bool:
@@ -488,10 +516,14 @@ class BaseStore(Backend):
         """An operator removes a dead node (``spillway nodes --forget``); NodeNotFound,
         NodeBusy while it is alive or holds jobs (``force``: they are requeued); the jobs
         requeued (broker/store/nodes.py :func:`forget`)."""
+        from broker.store import nodes as _nodes
+
         return _nodes.forget(self, node_id, now, force)
 
     def expire(self, now: float) -> list[Job]:
         """Mark nodes whose lease lapsed DOWN and requeue their jobs."""
+        from broker.store import nodes as _nodes
+
         return _nodes.expire(self, now)
 
     # -- cloud instances (broker/store/instances.py) -------------------------------------------
@@ -499,6 +531,8 @@ class BaseStore(Backend):
     def record_instances(self, instances: Sequence[Instance]) -> list[Instance]:
         """Store new instance records (REQUESTED); a request id already stored is left alone.
         Returns the records created."""
+        from broker.store import instances as _instances
+
         return _instances.record(self, instances)
 
     def instance(self, request_id: str) -> Instance | None:
@@ -513,6 +547,8 @@ class BaseStore(Backend):
     def update_instance(self, request_id: str,
                         fn: Callable[[Instance], Instance | None]) -> Instance | None:
         """Compare-and-set ``fn``'s change of a record (None from ``fn``: no change)."""
+        from broker.store import instances as _instances
+
         return _instances.update(self, request_id, fn)
 
     def move_instance(self, request_id: str, to: InstanceState, now: float, reason: str,
@@ -521,6 +557,8 @@ class BaseStore(Backend):
         record's current state leaves it unchanged); the record as stored, or None. The move
         that makes a record READY (its agent registered) teaches its offer's boot estimate
         (broker/store/boots.py)."""
+        from broker.store import instances as _instances
+
         out = _instances.move(self, request_id, to, now, reason, **changes)
         if to is InstanceState.READY and out is not None and out.ready_at == now \
                 and out.state is InstanceState.READY:
@@ -529,6 +567,8 @@ class BaseStore(Backend):
 
     def observe_boot(self, offer_id: str, seconds: float, now: float) -> _boots.BootEstimate:
         """One more machine of ``offer_id`` booted in ``seconds``: its estimate updated."""
+        from broker.store import boots as _boots
+
         raw = self._load_boots().get(offer_id)
         est = _boots.BootEstimate.from_json(raw).observed(seconds, now) if raw \
             else _boots.first(seconds, now)
@@ -537,11 +577,15 @@ class BaseStore(Backend):
 
     def boot_estimates(self) -> dict[str, _boots.BootEstimate]:
         """Each offer's boot estimate, of those that booted a machine, by offer id."""
+        from broker.store import boots as _boots
+
         return {k: _boots.BootEstimate.from_json(v) for k, v in self._load_boots().items()}
 
     def boot_seed(self, provider: str) -> float:
         """The boot of a provider's machines before any was seen: its ``boot_s`` setting,
         else its kind's default (broker/store/boots.py)."""
+        from broker.store import boots as _boots
+
         cfg = self.config.providers.get(provider)
         if cfg is None:
             return _boots.default_for(provider)
@@ -549,6 +593,8 @@ class BaseStore(Backend):
 
     def block(self, key: str, until: float, reason: str) -> None:
         """Cool an offer's zone down until ``until`` (keys: instances.block_key)."""
+        from broker.store.instances import Block
+
         self._put_block(Block(key, until, reason))
 
     def blocks(self, now: float) -> dict[str, Block]:
@@ -558,11 +604,16 @@ class BaseStore(Backend):
     def publish_offers(self, offers: Sequence[Offer], now: float) -> None:
         """Replace the offers the provisioner could rent now (its providers' offers; the
         scheduler reads them here: cloud credentials stay with the provisioner)."""
+        from broker.store import instances as _instances
+
         self._put_offers(_instances.offers_doc(offers, now))
 
     def offers(self, now: float, include_blocked: bool = False) -> list[Offer]:
         """The published offers, less those whose zone cools down at ``now``, each with its
         boot estimate in ``extra["boot_s"]`` (broker/store/boots.py)."""
+        from broker.store import boots as _boots
+        from broker.store import instances as _instances
+
         raw = self._get_offers()
         offers = _instances.offers_from(raw) if raw else []
         if not offers:

@@ -49,7 +49,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -57,9 +57,10 @@ from broker.config import Config
 from broker.model import Instance, Job, Node
 from broker.security import seal
 from broker.state import ACTIVE, JobState
-from broker.store.budgets import budget_book
 from broker.store.redis_records import NODE_FIELDS, RedisRecords, _str
-from broker.store.transitions import Change
+
+if TYPE_CHECKING:  # (for the types only: reading a job needs no Change)
+    from broker.store.transitions import Change
 
 _CHUNK = 1000  # commands per pipeline
 
@@ -204,6 +205,8 @@ class RedisStore(RedisRecords):
         pipe.hgetall(self._k_usage)
         pipe.get(self._k_reservation)
         pipe.zrange(self._k_live, 0, -1)
+        from broker.store.budgets import budget_book
+
         budget_book(self).queue_committed(pipe)  # type: ignore[attr-defined]
         if cursor is not None:
             pipe.xrange(self._k_runtimes, min=f"({cursor}" if cursor != "0" else "-",

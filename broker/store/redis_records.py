@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.exceptions import NoScriptError
@@ -23,7 +23,6 @@ from broker.errors import StaleAttempt
 from broker.model import Instance, Node, NodeState, Reason
 from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
 from broker.store.base import BaseStore
-from broker.store.instances import Block
 from broker.store.lua import (
     ACK_NODE,
     ACQUIRE,
@@ -37,6 +36,9 @@ from broker.store.lua import (
     RELEASE,
     RENEW,
 )
+
+if TYPE_CHECKING:  # (made where the blocks are read: reading a job needs none)
+    from broker.store.instances import Block
 
 LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
 LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
@@ -445,6 +447,8 @@ class RedisRecords(BaseStore):
         return {_str(k): _str(v) for k, v in self.redis.hgetall(f"{self.prefix}boots").items()}
 
     def _load_blocks(self) -> list[Block]:
+        from broker.store.instances import Block
+
         out = []
         for key, raw in self.redis.hgetall(self._k_blocks).items():
             until, reason = json.loads(raw)
