@@ -8,8 +8,8 @@ machine falls on all of them alike) against a real store: a fresh embedded Redis
 scheduling cycle's plan, so that ``queue`` lists running and pending jobs and ``explain``
 reads a real reason and queue position. Two floors are timed beside them: ``python -c pass``
 (no command goes under it; a gauge of the machine's speed at the time) and the imports that a
-command reading the store cannot do without (Redis's client, Typer and Rich, and pydantic,
-which Typer converts every option's value with). Each command's CPU
+command reading the store cannot do without (Redis's client, Typer and Rich, and pydantic's
+models: a job's spec is one). Each command's CPU
 time (user and system, median) is given beside its wall time: on a machine shared with other
 work, the wall time waits for a core and the CPU time much less.
 """
@@ -28,8 +28,7 @@ TARGET_S = 0.4
 COMMANDS: tuple[tuple[str, ...], ...] = (("--help",), ("queue",), ("show", "{job}"),
                                          ("explain", "{job}"))
 FLOORS = {"python -c pass": "pass",
-          "reading floor": "import redis, typer, rich.console; "
-                           "from pydantic import BaseModel, TypeAdapter"}
+          "reading floor": "import redis, typer, rich.console; from pydantic import BaseModel"}
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -188,6 +189,70 @@ def _unreachable() -> tuple[type[BaseException], ...]:
     return errors
 
 
+def _unchanged(annotation: Any, info: Any, value: Any) -> bool:
+    """Whether Typer's conversion of ``value`` for a parameter of type ``annotation`` (a
+    pydantic TypeAdapter) would return it as it is: a str for a str, an int within the
+    bounds for an int (no parser of the option's own)."""
+    if info.parser is not None:
+        return False
+    if annotation is str:
+        return type(value) is str
+    if annotation is int:
+        return type(value) is int and (info.min is None or value >= info.min) and (
+            info.max is None or value <= info.max)
+    return False
+
+
+def _plain_coercion(params: list[Any]) -> None:
+    """Spare the parameters whose values need no conversion Typer's pydantic TypeAdapters.
+
+    Typer (0.29) builds a TypeAdapter for each parameter it converts a value of (an option
+    left out too: ``None`` is never converted, but the adapter is built first), about 30 ms
+    for a command's options, which a command reading the store does not otherwise spend.
+    Here each parameter gets a conversion that returns None (or ``()``) as Typer's does,
+    passes a value that Typer's would return as it is (a str for a str, an int within the
+    option's bounds for an int; a list of str as a list), and hands any other value to the
+    conversion Typer builds then, so a bad value is refused with Typer's own message. Where
+    Typer's private ``_coercion`` module is not there, Typer converts as it does by itself.
+    tests/unit/test_cli_imports.py checks that ``spillway queue``, ``show`` and ``explain``
+    build no TypeAdapter, and tests/unit/test_cli.py that bad values are still refused with
+    Typer's messages."""
+    plain = _plain_param()
+    if plain is None:  # (another Typer: it converts as it does)
+        return
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        if getattr(param, "_runtime_param", False) is not None or descriptor is None:
+            continue
+        param._runtime_param = plain(parameter_info=descriptor.parameter_info,
+                                     annotation=descriptor.annotation)
+
+
+@functools.cache
+def _plain_param() -> Any:
+    """The conversion of :func:`_plain_coercion` (a subclass of Typer's RuntimeParam), or
+    None where Typer has no such class."""
+    try:
+        from typer._coercion import RuntimeParam, build_runtime_param
+    except ImportError:
+        return None
+
+    class Plain(RuntimeParam):  # (RuntimeParam's fields: parameter_info and annotation)
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            info = self.parameter_info
+            if self.annotation == list[str]:
+                if isinstance(value, (list, tuple)) and all(type(v) is str for v in value) \
+                        and info.parser is None:
+                    return list(value)
+            elif _unchanged(self.annotation, info, value):
+                return value
+            full = build_runtime_param(param.type_descriptor)
+            param._runtime_param = full
+            return full._coerce_value(value, param=param, ctx=ctx)
+
+    return Plain
+
+
 class SpillwayGroup(TyperGroup):
     """Turns Spillway's errors into one clear line and an exit code, never a traceback."""
 
@@ -199,6 +264,24 @@ class SpillwayGroup(TyperGroup):
             raise
         except UsageError as e:
             raise usage_error(e) from None
+
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # (with the help option, made when first asked for)
+        _plain_coercion(params)
+        return params
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not isinstance(cmd, SpillwayGroup):
+            get_params = cmd.get_params
+
+            def plain_params(ctx: Any) -> Any:
+                params = get_params(ctx)
+                _plain_coercion(params)
+                return params
+
+            cmd.get_params = plain_params  # type: ignore[method-assign]
+        return name, cmd, rest
 
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
