@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
 from broker.model import BurstOutlook, Job, Offer, Reason
@@ -62,7 +63,30 @@ def tell(cycle: Cycle, job: Job, offers: Sequence[Offer], costs: CostModel,
         return
     spare = _fastest(cycle, offers, costs) if cfg["stay_needs_boot"] else 0.0
     seen = outlook(job, offer, costs.boot(offer), burst_at, sla_at, onprem_start())
-    cycle.pending[job.id] = waiting(cycle, job, kept, seen, spare, float(cfg["margin_s"]))
+    cycle.pending[job.id] = _told(cycle, job, kept, seen, spare, float(cfg["margin_s"]))
+
+
+def _told(cycle: Cycle, job: Job, kept: Reason | None, seen: BurstOutlook, spare_s: float,
+          margin_s: float) -> Reason:
+    """:func:`waiting`, the very reason the job was told last cycle while what its sentence
+    is made of is the same (``cycle.memory.outlooks["told"]``): most waiting jobs of a deep
+    queue are told the same every cycle, and a store writes only the reasons that changed."""
+    now, day = cycle.now, 12 * 3600
+    start = seen.onprem_start
+    sla = cycle.snap.class_by_name[job.priority].sla_s if seen.cloud_only else None
+    key = (kept, seen, spare_s, margin_s, job.priority, job.spec.sites, sla,
+           abs(seen.burst_at - now) < day, abs(seen.sla_at - now) < day,
+           start is not None and abs(start - now) < day)
+    told: dict[str, tuple[tuple[Any, ...], Reason]] = \
+        cycle.memory.outlooks.setdefault("told", {})
+    last = told.get(job.id)
+    if last is not None and last[0] == key:
+        return last[1]
+    out = waiting(cycle, job, kept, seen, spare_s, margin_s)
+    if len(told) > 100_000:
+        told.clear()
+    told[job.id] = (key, out)
+    return out
 
 
 def _fastest(cycle: Cycle, offers: Sequence[Offer], costs: CostModel) -> float:
@@ -145,7 +169,14 @@ def why_burst(job: Job, start: float, now: float) -> str:
 def clock(ts: float, now: float) -> str:
     """An instant for a sentence, on the UTC clock: ``14:32 UTC`` (with the day when it is
     not within 12 hours). Absolute, so a recorded reason stays true while it is shown."""
-    fmt = "%H:%M UTC" if abs(ts - now) < 12 * 3600 else "%Y-%m-%d %H:%M UTC"
+    return _clock(ts, abs(ts - now) < 12 * 3600)
+
+
+@lru_cache(maxsize=16384)
+def _clock(ts: float, near: bool) -> str:
+    """:func:`clock` (memoised: a waiting job's decision time and SLA are the same instants
+    cycle after cycle)."""
+    fmt = "%H:%M UTC" if near else "%Y-%m-%d %H:%M UTC"
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime(fmt)
 
 

@@ -36,7 +36,8 @@ class Memory:
     ``order_rates``: spillway's order, job id -> (predictor epoch, rate); ``layouts``: node id
     -> its devices by kind, while the node object is the same (policies/placement.py);
     ``outlooks``: the offer a waiting job of a shape would rent, while the offers, the quotas
-    and its estimate are the same (policies/burst_outlook.py)."""
+    and its estimate are the same, and the reason each waiting job was last told, while what
+    its sentence is made of is the same (policies/burst_outlook.py)."""
 
     order_rates: dict[str, tuple[object, float]] = field(default_factory=dict)
     layouts: dict[str, Any] = field(default_factory=dict)

@@ -28,11 +28,21 @@ from policies.placement import Kind
 
 def onprem_kinds(cycle: Cycle, job: Job) -> frozenset[Kind]:
     """The on-prem device kinds that could hold ``job`` (none when its sites allow no on-prem
-    node: a cloud-only job is never forecast on-prem, nor counted ahead of others there)."""
+    node: a cloud-only job is never forecast on-prem, nor counted ahead of others there).
+    Memoised in the cycle per job (the sweeps ask it of every job they pass)."""
+    memo: dict[str, tuple[object, object, frozenset[Kind]]] | None = \
+        cycle.notes.get("onprem_kinds_by_job")
+    if memo is None:
+        memo = cycle.notes["onprem_kinds_by_job"] = {}
+    hit = memo.get(job.id)
+    if hit is not None and hit[0] is job.res and hit[1] is job.spec.sites:
+        return hit[2]
     if "onprem" not in job.spec.sites:
-        return frozenset()
-    wanted = cycle.index.wanted(job.res)
-    return frozenset(wanted) & _onprem_kinds(cycle)
+        out: frozenset[Kind] = frozenset()
+    else:
+        out = frozenset(cycle.index.wanted(job.res)) & _onprem_kinds(cycle)
+    memo[job.id] = (job.res, job.spec.sites, out)
+    return out
 
 
 def _onprem_kinds(cycle: Cycle) -> frozenset[Kind]:

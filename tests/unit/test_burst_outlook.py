@@ -174,3 +174,30 @@ def test_what_is_kept_across_cycles_follows_the_offers() -> None:
                 memory, NOW + 60) == OD.id  # (the cheap one is gone)
     assert told((OD, cheap), memory, NOW + 90) == told((OD, cheap), Memory(), NOW + 90)
     assert len(memory.outlooks["memo"]) == 3
+
+
+def test_a_reason_told_again_is_what_a_fresh_cycle_says() -> None:
+    """A waiting job is told last cycle's reason again (the very object, which a store need
+    not write again) only while its sentence would be the same: here the outlook stays, but
+    its on-prem start comes within 12 hours, and is then shown without its day."""
+    from broker.scheduler import run_cycle
+    from policies.cycle import Memory
+    from tests.builders import node
+    from tests.unit.test_burst import SLA
+    from tests.unit.test_preemption import snap
+
+    def told(memory: Memory, now: float) -> Any:
+        s = snap([node("a", 4)], [late(left=1000)],
+                 [running("r", 4, time_limit=NOW - 1000 + 12 * H + 100)],  # (frees then)
+                 now=now, offers=(OD,), settings={"sla": {}})
+        return run_cycle(s, SLA, now, memory).pending["p"]
+
+    memory = Memory()
+    first = told(memory, NOW)
+    assert first.burst.onprem_start == NOW + 12 * H + 100 and "1970-01-01 " in first.message
+    assert told(memory, NOW + 30) is first
+    later = told(memory, NOW + 200)
+    assert later.burst == first.burst and "1970-01-01 " not in later.message
+    assert later == told(Memory(), NOW + 200) and later.to_list() == told(
+        Memory(), NOW + 200).to_list()
+    assert told(memory, NOW + 230) is later
