@@ -119,7 +119,8 @@ def test_a_job_a_policy_fails_on_is_set_aside_and_shown(
     wait_for(lambda: (rt.store.explain(odd.id) or Reason("", "")).code == "PolicyError",
              what="the reason")
     assert _state(rt, odd) is JobState.PENDING
-    assert sample("spillway_set_aside_jobs") == 1
+    # (the store has the reason a moment before the leader's metrics see the cycle's plan)
+    wait_for(lambda: sample("spillway_set_aside_jobs") == 1, what="the set-aside gauge")
     assert (sample("spillway_jobs_set_aside_total", role="order", policy="spillway") or 0) >= 1
     assert sample("spillway_cycle_failures_total") == 0
 
