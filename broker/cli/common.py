@@ -272,7 +272,11 @@ class SpillwayGroup(TyperGroup):
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, cmd, rest = super().resolve_command(ctx, args)
-        if cmd is not None and not isinstance(cmd, SpillwayGroup):
+        if cmd is not None and not isinstance(cmd, SpillwayGroup) \
+                and not getattr(cmd, "_spillway_plain", False):
+            # (once per command object: an app invoked again and again in one process, as
+            # in the tests, would otherwise wrap the wrapper each time, without end)
+            cmd._spillway_plain = True  # type: ignore[union-attr]
             get_params = cmd.get_params
 
             def plain_params(ctx: Any) -> Any:

@@ -267,3 +267,23 @@ def test_the_plain_coercion_answers_as_typer_s_own(value: Any) -> None:
 
     for name in ("s", "a", "n", "m", "f", "ls", "p", "b"):
         assert answer(plain, name) == answer(typer_s, name), name
+
+
+def test_a_command_resolved_again_and_again_is_wrapped_once() -> None:
+    """resolve_command spares Typer's adapters by wrapping a command's get_params: in a
+    process that invokes the app many times (the tests, an embedding) it wraps it once, not
+    once per call (which ended in a RecursionError after a few thousand)."""
+    import typer
+    from click.testing import CliRunner
+
+    from broker.cli import app
+
+    cli = typer.main.get_command(app)  # (one command object for every call, as an embedding)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(400)  # (each wrapper a frame: past this many calls, one too many)
+    try:
+        for _ in range(450):
+            result = CliRunner().invoke(cli, ["submit", "--gpus", "two", "--", "true"])
+            assert result.exit_code == 2, (result.exit_code, repr(result.exception))
+    finally:
+        sys.setrecursionlimit(limit)
