@@ -276,7 +276,7 @@ class SpillwayGroup(TyperGroup):
                 and not getattr(cmd, "_spillway_plain", False):
             # (once per command object: an app invoked again and again in one process, as
             # in the tests, would otherwise wrap the wrapper each time, without end)
-            cmd._spillway_plain = True  # type: ignore[union-attr]
+            cmd._spillway_plain = True  # type: ignore[attr-defined]
             get_params = cmd.get_params
 
             def plain_params(ctx: Any) -> Any:
