@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from broker.errors import ConfigError
@@ -49,9 +49,11 @@ class Latencies:
     provider has started the machine (the ``provision`` queue's message, the provisioner's
     store reads, the provider's call); ``register_s``: the machine has booted -> its agent has
     registered (the agent's own start-up: imports, inventory, first heartbeat). Both delay
-    the instance's readiness beyond its boot time. ``release_s``: an idle cloud node is
-    released this long after its idle timeout (the lifecycle pass that notices it, the drain,
-    the termination)."""
+    the instance's readiness beyond its boot time, and both are in the offers' ``boot_s``
+    the policies read: production learns each offer's boot from request to registration
+    (broker/store/boots.py), so its burst decisions count them too. ``release_s``: an idle
+    cloud node is released this long after its idle timeout (the lifecycle pass that notices
+    it, the drain, the termination)."""
 
     cycle_s: float = 0.0
     dispatch_s: float = 0.0
@@ -121,6 +123,11 @@ class LatencySimulation(Simulation):
             self.cloud = LifecycleCloudRun(self, cluster.cloud, int(kw.get("seed", 0)))
         self.lat = latencies
         self.stop_delay_s += latencies.stop_s
+        late = latencies.launch_s + latencies.register_s
+        if late > 0 and self.cloud is not None:  # what production's estimate learns
+            clouds = self.cloud.clouds
+            clouds.base_offers = [(replace(o, extra={**o.extra, "boot_s": float(
+                o.extra.get("boot_s", 0.0)) + late}), site) for o, site in clouds.base_offers]
         self._due: float | None = None  # when the delayed cycle runs
         self._plan_wakes: set[float] = set()
 
