@@ -24,7 +24,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from broker.config import Config, load_config
+from broker.bus.runtime import Runtime
+from broker.config.core import Config, load_config
 from broker.errors import ConfigError, FieldError, SpecError, SpillwayError
 from broker.model import (
     Allocation,
@@ -37,11 +38,10 @@ from broker.model import (
     Reason,
 )
 from broker.model.cloud import Offer
-from broker.reach import guarded, url_from_file
-from broker.runtime import Runtime
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 from broker.store.backend import LogLine, QueueOrder
 from broker.store.base import BaseStore
+from broker.store.reach import guarded, url_from_file
 
 if TYPE_CHECKING:  # (Celery and Redis's client are imported when first used: `spillway
     import redis  # queue` needs neither Celery nor the submit-time checks)
@@ -320,13 +320,13 @@ class Client:
         """Celery's app is process-wide: aim it at this client's cluster before publishing, in
         case another client in this process (tests, tools) aimed it elsewhere."""
         if self._rt.celery.conf.broker_url != self.redis_url:
-            from broker.app import configure
+            from broker.bus.app import configure
 
             configure(self._rt.celery, self.redis_url, self.config)
         return self._rt
 
     def _trigger(self) -> None:
-        from broker import commands
+        from broker.bus import commands
 
         self._point_celery()
         commands.trigger_cycle(self.store_redis)
@@ -350,7 +350,7 @@ class Client:
         of ``specs``, unless ``hold`` (default: the ``hold_if_infeasible`` setting)."""
         if self.config.hold_if_infeasible if hold is None else hold:
             return
-        from broker import feasible
+        from broker.cycle import feasible
 
         nodes, offers = self.store.nodes(), self._offers()  # once for the whole batch
         now, cfg = time.time(), self.config
@@ -432,7 +432,7 @@ class Client:
                                 reason="Cancelled by user" if self.actor is None
                                 else self._by("Cancelled"))
         if job.state is JobState.STOPPING:
-            from broker import commands
+            from broker.bus import commands
 
             commands.stop_jobs(self._point_celery().celery, [job], self.config.grace_s)
         return job

@@ -50,7 +50,7 @@ class InvalidTransition(SpillwayError):
 
 class CycleFailed(SpillwayError):
     """A scheduling cycle could not complete: its policies kept failing on jobs, pass after
-    pass (broker/scheduler.py ``run_cycle``). The scheduler counts it as a failed cycle and
+    pass (broker/cycle/scheduler.py ``run_cycle``). The scheduler counts it as a failed cycle and
     runs the next; the cause is the first exception of the last pass."""
 
 

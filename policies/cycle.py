@@ -1,6 +1,6 @@
 """What a policy sees of a scheduling cycle in progress, and what lives across cycles.
 
-The cycle's state is built and owned by ``broker/scheduler.py``; policies read the snapshot
+The cycle's state is built and owned by ``broker/cycle/scheduler.py``; policies read the snapshot
 and write their decisions only through :class:`Cycle` (this module imports nothing from the
 broker's cycle, so policies do not depend on it). :class:`Memory` holds what a scheduler keeps
 from one cycle to the next: caches that make a cycle cheaper and never change a decision's
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.cycle.plan import Launch, Preempt, Snapshot, Start, Terminate
 from broker.model import Allocation, Job, Reason
-from broker.plan import Launch, Preempt, Snapshot, Start, Terminate
 
 if TYPE_CHECKING:  # (types only: these modules register policies and import this one)
-    from policies.backfill import Reserver, Shadow
-    from policies.evict import Evictor
-    from policies.placement import FreeIndex, Placer
+    from policies.evict.base import Evictor
+    from policies.place.backfill import Reserver, Shadow
+    from policies.place.placement import FreeIndex, Placer
     from policies.registry import PolicySet
 
 
@@ -34,10 +34,10 @@ class Memory:
     """Caches a scheduler keeps across cycles (one per scheduler process, or per simulation).
 
     ``order_rates``: spillway's order, job id -> (predictor epoch, rate); ``layouts``: node id
-    -> its devices by kind, while the node object is the same (policies/placement.py);
+    -> its devices by kind, while the node object is the same (policies/place/placement.py);
     ``outlooks``: the offer a waiting job of a shape would rent, while the offers, the quotas
     and its estimate are the same, and the reason each waiting job was last told, while what
-    its sentence is made of is the same (policies/burst_outlook.py)."""
+    its sentence is made of is the same (policies/burst/outlook.py)."""
 
     order_rates: dict[str, tuple[object, float]] = field(default_factory=dict)
     layouts: dict[str, Any] = field(default_factory=dict)
@@ -45,7 +45,7 @@ class Memory:
 
 
 class Cycle(Protocol):
-    """A scheduling cycle in progress (``broker.scheduler.CycleState``)."""
+    """A scheduling cycle in progress (``broker.cycle.scheduler.CycleState``)."""
 
     snap: Snapshot
     now: float

@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from pathlib import PurePath
 
+from broker.cycle.plan import POLICY_ERROR
 from broker.model import Job, Reason, Resources
-from broker.plan import POLICY_ERROR
 from policies.cycle import Cycle
 
 FULL = Reason("Resources", "no GPU is free; waiting behind higher-ranked jobs")
 FIFO = Reason("Priority", "strict first-come-first-served: waiting for an earlier job to start")
-#: a deferrable job waits for a cleaner window within its deadline (policies/defer.py builds
+#: a deferrable job waits for a cleaner window within its deadline (policies/carbon/defer.py builds
 #: the sentence: until when, and the forecast intensities)
 DEFERRED_FOR_CARBON = "DeferredForCarbon"
 
@@ -35,7 +35,7 @@ def policy_error(role: str, name: str, error: str) -> Reason:
 def exception_text(exc: BaseException) -> str:
     """An exception for a sentence: its type, its message (cut at 200 characters) and the
     file and line it was raised at (``ZeroDivisionError: float division by zero at
-    policies/ordering.py:177``)."""
+    policies/order/orderings.py:177``)."""
     text = str(exc)
     out = type(exc).__name__ + (f": {text[:200]}" if text else "")
     tb = exc.__traceback__
@@ -112,7 +112,7 @@ def blocked(cycle: Cycle, job: Job, long: bool) -> Reason:
 
 
 def budget_exhausted(team: str, cap: float, committed: float, need: float) -> Reason:
-    """A burst refused by a team's hard cap (policies/budget.py), and by how much."""
+    """A burst refused by a team's hard cap (policies/burst/budget.py), and by how much."""
     return Reason("BudgetExhausted",
                   f"team {team}'s hard budget is ${cap:,.2f}: ${committed:,.2f} is spent or "
                   f"reserved, and bursting this job is expected to cost ${need:,.2f}; over "

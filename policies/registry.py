@@ -9,14 +9,14 @@ snapshot through it and writes only through it):
 ===========  ==========================================================================
 order        ``fn(cycle, jobs) -> list[Job]``: the pending queue, first to last
 admit        ``fn(cycle, job) -> str | None``: a refusal reason code, or None to admit
-place        a :class:`policies.placement.Placer`: where a job starts on free GPUs
-reserve      a :class:`policies.backfill.Reserver`: what the first blocked job gets
+place        a :class:`policies.place.placement.Placer`: where a job starts on free GPUs
+reserve      a :class:`policies.place.backfill.Reserver`: what the first blocked job gets
              (EASY's reservation, or strict order) and how later jobs may pass it
-evict        a list of :class:`policies.evict.Evictor`: class preemption and quota reclaim,
+evict        a list of :class:`policies.evict.base.Evictor`: class preemption and quota reclaim,
              scavenger eviction, defragmentation moves, relief, in the configured order
 burst        ``fn(cycle) -> None``: rent cloud capacity (``sla``, baselines, ``none``)
 budget       ``fn(cycle) -> None``: keep the burst phase's launches within the teams' caps
-             (``caps``, ``none``; policies/budget.py)
+             (``caps``, ``none``; policies/burst/budget.py)
 defer        ``fn(cycle) -> None``: hold deferrable work for a better window (``none`` today)
 estimate     ``fn(snapshot) -> Callable[[Job], float]``: a job's expected runtime
 ===========  ==========================================================================
@@ -66,7 +66,7 @@ def register(role: str, name: str, settings: Mapping[str, Any] | None = None
 
 def declare_settings(name: str, settings: Mapping[str, Any]) -> None:
     """Settings read under ``name`` by a part several policies share (``objective``: the
-    weights of policies/objective.py), checked like a policy's."""
+    weights of policies/carbon/objective.py), checked like a policy's."""
     _SETTINGS[name] = MappingProxyType(dict(settings))
 
 
@@ -230,12 +230,12 @@ BUNDLES: dict[str, PolicySet] = {
     # expected-slowdown order with fair share, held reservations, predicted runtimes,
     # scavenging, class preemption and quota reclaim, defragmentation and relief
     # ... and, where the snapshot has cloud offers, bursting what would break its SLA to the
-    # offer that finishes it cheapest (policies/burst.py; nothing changes on-prem)
+    # offer that finishes it cheapest (policies/burst/sla.py; nothing changes on-prem)
     "spillway": PolicySet(order="spillway", place="aligned", reserve="easy",
                           evict=("scavenge", "priority", "move", "relief"),
                           burst="sla", estimate="predictor", name="spillway"),
 }
-# the burst decisions of today's tools, on spillway's on-prem parts (policies/burst_baselines.py)
+# the burst decisions of today's tools, on spillway's on-prem parts (policies/burst/baselines.py)
 for _name, _burst in (("burst-immediate", "immediate"), ("burst-timer", "timer"),
                       ("cloud-cheapest", "cloud-cheapest")):
     BUNDLES[_name] = PolicySet(order="spillway", place="aligned", reserve="easy",

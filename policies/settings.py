@@ -5,10 +5,10 @@
 
     settings:                            # each under the name of the policy that reads it
       spillway: {fairshare_tier: 0.95, class_weight: {normal: 2, low: 1}}  # spillway's order
-                                           # (policies/ordering.py SPILLWAY_DEFAULTS)
+                                           # (policies/order/orderings.py SPILLWAY_DEFAULTS)
       multifactor: {weight_fairshare: 10000}  # the slurm-like order (SLURM_DEFAULTS)
-      easy: {backfill_relax: 0.0}          # EASY backfill (policies/backfill.py)
-      move: {defrag_min_gain_s: 600}       # defragmentation moves (policies/defrag.py)
+      easy: {backfill_relax: 0.0}          # EASY backfill (policies/place/backfill.py)
+      move: {defrag_min_gain_s: 600}       # defragmentation moves (policies/evict/defrag.py)
       relief: {relief_slowdown: 20, relief_ratio: 10, min_gain_s: 600, min_estimate_s: 60}
       predictor_quantile: 0.9              # the runtime predictor's quantile for backfill
       fairshare_half_life_s: 604800        # a cluster file only: these three override the
@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from broker.config import CLUSTER_CONFIG_KEYS, Config
+from broker.config.core import CLUSTER_CONFIG_KEYS, Config
 from broker.errors import ConfigError
 from policies.registry import BUNDLES, ROLES, PolicySet, declared_settings
 

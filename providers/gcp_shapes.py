@@ -21,7 +21,7 @@ from broker.model.cloud import InstanceState, Market
 # Machine-type families whose GPUs are part of the type (no guestAccelerators).
 IMPLICIT_GPU_FAMILIES = frozenset({"a2", "a3", "a4", "a4x", "g2"})
 
-# Canonical GPU model (broker.gpus) -> GCE accelerator type, for N1 machine types.
+# Canonical GPU model (broker.model.gpus) -> GCE accelerator type, for N1 machine types.
 ACCELERATOR_TYPES: dict[str, str] = {
     "K80-12GB": "nvidia-tesla-k80",
     "P100-16GB": "nvidia-tesla-p100",

@@ -34,8 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from broker.gpus import memory_of, parse_inventory
 from broker.model.cloud import InstanceState, Market, Offer, Site
+from broker.model.gpus import memory_of, parse_inventory
 from providers.base import (
     CLUSTER_TAG,
     OFFER_TAG,

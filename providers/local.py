@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.gpus import parse_inventory, type_matches
 from broker.model.cloud import InstanceState, Market, Offer, Site
+from broker.model.gpus import parse_inventory, type_matches
 from providers.base import (
     CLUSTER_TAG,
     REQUEST_TAG,

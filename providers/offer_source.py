@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
-from broker.gpus import memory_of, type_matches
 from broker.model.cloud import Offer
+from broker.model.gpus import memory_of, type_matches
 from providers.base import Resources, Stop
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from broker.config import DEFAULT_CLASSES
+from broker.config.core import DEFAULT_CLASSES
+from broker.cycle.plan import Snapshot
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState
-from broker.plan import Snapshot
-from broker.state import JobState
+from broker.model.state import JobState
 
 
 def node(node_id: str, count: int = 8, model: str = "A100-80GB", *, cpus: float = 0,

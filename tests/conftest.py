@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from broker.config import Config
-from broker.embedded import free_port
+from broker.config.core import Config
+from broker.control.embedded import free_port
 from broker.store import BaseStore, MemoryStore, RedisStore
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
-from broker.embedded import free_port
+from broker.control.embedded import free_port
 
 _ERROR_XML = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}'
               '</Code><Message>{message}</Message></Error></Errors><RequestID>{rid}</RequestID>'

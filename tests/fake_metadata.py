@@ -19,7 +19,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from broker.embedded import free_port
+from broker.control.embedded import free_port
 
 
 class MetadataServer:

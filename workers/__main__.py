@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from broker.config import load_config
+from broker.config.core import load_config
 from broker.errors import ConfigError
 
 

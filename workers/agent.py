@@ -31,15 +31,15 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from broker import metrics
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import ConfigError, StoreUnreachable
+from broker.metrics import series as metrics
 from broker.model import Allocation, Job, Node, NodeState
-from broker.reach import wait_for_redis
-from broker.state import ACTIVE, EvictionKind, JobState
+from broker.model.state import ACTIVE, EvictionKind, JobState
 from broker.store.base import BaseStore
 from broker.store.events import Exited, Started, StartFailed
 from broker.store.node_reports import Preempted, Report
+from broker.store.reach import wait_for_redis
 from workers.channel import NodeChannel, RedisChannel, StoreChannel, View
 from workers.interruptions import make_watcher
 from workers.isolation import Keeper, detect
@@ -440,8 +440,8 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     """Run a worker agent until SIGTERM or SIGINT; then drain and return the exit code."""
     import redis
 
-    from broker import commands
-    from broker.app import app, configure, node_queue
+    from broker.bus import commands
+    from broker.bus.app import app, configure, node_queue
     from workers.discovery import discover
     from workers.tasks import set_node_handler  # registers this queue's tasks
 
@@ -577,7 +577,7 @@ def _run_celery_worker(celery: Any, queue: str, node_id: str) -> None:
     # and level-triggered: at each heartbeat the agent reads its node's allocations and
     # starts and stops what it should (:meth:`Agent.reconcile`), and the reconciler sends again
     # a start whose job stays STARTING and a stop whose job stays STOPPING
-    # (broker/reconciler.py), so a message lost with a dying agent is repaired within
+    # (broker/control/reconciler.py), so a message lost with a dying agent is repaired within
     # heartbeats, not twelve hours.
     celery.conf.task_queues = [Queue(queue, no_ack=True)]
     base = celery.Worker

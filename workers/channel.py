@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from broker.model import Job, Node, NodeState
+from broker.model.state import ACTIVE
 from broker.security import seal
-from broker.state import ACTIVE
 from broker.store import node_reports
 from broker.store.base import BaseStore
 from broker.store.events import JobEvent

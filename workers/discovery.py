@@ -26,14 +26,14 @@ from typing import Any
 
 import yaml
 
-from broker.gpus import (
+from broker.model import Gpu
+from broker.model.gpus import (
     MIG_PROFILES,
     canonical_model,
     memory_of,
     mig_memory_gb,
     parse_inventory,
 )
-from broker.model import Gpu
 
 log = logging.getLogger(__name__)
 

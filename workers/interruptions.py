@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broker.model import Node, Site
-from broker.state import EvictionKind
+from broker.model.state import EvictionKind
 from broker.store.node_reports import Noticed, Report
 
 log = logging.getLogger(__name__)

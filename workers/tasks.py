@@ -1,7 +1,7 @@
 """The node queue's Celery tasks (``node.<id>``), registered by the worker agent's process.
 
 Thin shells: ids in, handed to this process's :class:`NodeHandler` (the :class:`Agent`), which
-re-reads the store. Senders use :mod:`broker.commands`, by the same names.
+re-reads the store. Senders use :mod:`broker.bus.commands`, by the same names.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Protocol
 
 from celery.worker.request import Request
 
-from broker import commands
-from broker.app import app
+from broker.bus import commands
+from broker.bus.app import app
 
 
 class Unacked(Request):  # type: ignore[misc]

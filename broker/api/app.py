@@ -31,7 +31,7 @@ from broker.api.deps import ApiState
 from broker.api.longpoll import DEFAULT_LONG_POLLS, LongPolls, OpenPolls, long_polls_from
 from broker.api.views import MaskedJSON
 from broker.client import Client
-from broker.config import Config, load_config
+from broker.config.core import Config, load_config
 from broker.errors import (
     ConfigError,
     Conflict,
@@ -42,7 +42,7 @@ from broker.errors import (
     SpillwayError,
     StoreUnreachable,
 )
-from broker.tokens import RateLimited, Refused, TokenError, TokenStore
+from broker.security.tokens import RateLimited, Refused, TokenError, TokenStore
 
 log = logging.getLogger("spillway.api")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from broker.errors import JobNotFound
 from broker.model import Job, JobSpec, SpecDefaults
 from broker.model.classes import may_submit, refusal
-from broker.tokens import Refused, TokenRecord
+from broker.security.tokens import Refused, TokenRecord
 
 #: action -> the roles that may do it (a ``user`` only within its team)
 ALLOWED: dict[str, tuple[str, ...]] = {

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.api import auth
 from broker.api.deps import principal, state
 from broker.errors import FieldError, SpecError, SpillwayError
+from broker.security.tokens import TokenRecord
 from broker.store.budgets import DEFAULT_ALERTS, Budget, BudgetBook, BudgetError, budget_book
-from broker.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/budgets", tags=["budgets"])
 

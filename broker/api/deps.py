@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from broker.api.longpoll import LongPolls
 from broker.client import Client
-from broker.tokens import TokenError, TokenRecord, TokenStore
+from broker.security.tokens import TokenError, TokenRecord, TokenStore
 
 
 @dataclass

@@ -20,7 +20,7 @@ from broker.api.views import scrubbed, seen, team_queue
 from broker.client import parse_states
 from broker.errors import FieldError, SpecError
 from broker.model import JobSpec
-from broker.tokens import TokenRecord
+from broker.security.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -31,8 +31,8 @@ import redis
 
 from broker.errors import ConfigError
 from broker.model import Job
-from broker.state import TERMINAL
-from broker.tokens import RateLimited, TokenRecord
+from broker.model.state import TERMINAL
+from broker.security.tokens import RateLimited, TokenRecord
 
 log = logging.getLogger("spillway.api")
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.api import auth
 from broker.api.deps import principal, state
-from broker.tokens import TokenRecord
+from broker.security.tokens import TokenRecord
 
 router = APIRouter()
 

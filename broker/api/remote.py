@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import (
     ConfigError,
     Conflict,
@@ -35,9 +35,9 @@ from broker.errors import (
     SpillwayError,
 )
 from broker.model import Job, Node
-from broker.state import JobState
+from broker.model.state import JobState
+from broker.security.tokens import RateLimited, Refused, TokenError
 from broker.store.backend import LogLine
-from broker.tokens import RateLimited, Refused, TokenError
 
 DEFAULT_TOKEN_FILE = "~/.config/spillway/token"
 IDLE_S = 4.0  # reconnect before reusing a connection idle this long (uvicorn closes at 5 s)

@@ -20,12 +20,12 @@ from broker.api import auth
 from broker.api.budgets import TEAM_PATTERN, InvalidInput, scoped
 from broker.api.deps import principal, state
 from broker.errors import FieldError
-from broker.report import Inputs, build, machines_of
-from broker.report_data import fallback_note, gather
-from broker.report_html import to_html
-from broker.report_render import to_csv
-from broker.report_window import ReportError, parse_window
-from broker.tokens import TokenRecord
+from broker.money.report import Inputs, build, machines_of
+from broker.money.report_data import fallback_note, gather
+from broker.money.report_html import to_html
+from broker.money.report_render import to_csv
+from broker.money.report_window import ReportError, parse_window
+from broker.security.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
 

@@ -22,8 +22,8 @@ from broker.api import auth
 from broker.api.deps import state
 from broker.model import Job
 from broker.security.redact import masked
+from broker.security.tokens import TokenRecord
 from broker.store.base import BaseStore
-from broker.tokens import TokenRecord
 
 HIDDEN = "a job of another team"
 _JOB_ID = re.compile(r"\bj-[0-9a-f]{12}\b")

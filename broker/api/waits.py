@@ -21,9 +21,9 @@ from broker.api.deps import ApiState, principal, state
 from broker.api.longpoll import FOLLOW_HOLD_S, HOLD_SLACK_S
 from broker.api.views import scrubbed, seen
 from broker.errors import FieldError, SpecError
-from broker.state import TERMINAL
+from broker.model.state import TERMINAL
+from broker.security.tokens import TokenRecord
 from broker.store.backend import LogLine
-from broker.tokens import TokenRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -1,4 +1,4 @@
-"""``spillway bench``: the benchmarks in :mod:`broker.bench`, as JSON or a small table."""
+"""``spillway bench``: the benchmarks in :mod:`broker.bench.suite`, as JSON or a small table."""
 
 from typing import Annotated, Any
 
@@ -40,7 +40,7 @@ def cycle(
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Time the pure scheduling cycle on a synthetic queue and cluster."""
-    from broker.bench import bench_cycle
+    from broker.bench.suite import bench_cycle
     from policies.registry import BUNDLES
 
     if policy not in BUNDLES:
@@ -59,7 +59,7 @@ def dispatch(
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
     """Run trivial jobs through a real scheduler and agents on an embedded Redis."""
-    from broker.bench import bench_dispatch
+    from broker.bench.suite import bench_dispatch
 
     _show(bench_dispatch(jobs=jobs, agents=agents, gpus_per_agent=gpus_per_agent), as_json)
 
@@ -71,7 +71,7 @@ def cli(
 ) -> None:
     """Time `spillway --help`, `queue`, `show JOB` and `explain JOB`, each spawned as a fresh
     process, against a real store: a fresh embedded Redis (target: a median under 0.4 s)."""
-    from broker.cli_bench import bench_cli
+    from broker.bench.cli import bench_cli
 
     result = bench_cli(runs=runs)
     if as_json:
@@ -106,8 +106,8 @@ def spot_deadline(
     of the cluster's burst policy (docs/burst.md); the standalone replay beside it."""
     import sys
 
-    from broker import deadline_sim
-    from broker.deadline_bench import Setup, run
+    from broker.bench import deadline_sim
+    from broker.bench.deadline import Setup, run
     from broker.errors import ConfigError
 
     if not (0 < work_hours <= deadline_hours) or starts < 1 or changeover_hours < 0:
@@ -160,7 +160,7 @@ def carbon_shift(
 ) -> None:
     """Carbon time-shifting on the ML-training scenario of "Let's Wait Awhile"
     (docs/carbon-shifting.md)."""
-    from broker.carbon_bench import DEADLINES, FILES, Setup, run
+    from broker.bench.carbon import DEADLINES, FILES, Setup, run
     from broker.errors import ConfigError
 
     if country.upper() not in FILES:

@@ -81,9 +81,9 @@ def launch(
 ) -> None:
     """Launch cloud machines by hand, through the provisioner (they join as nodes, and are
     released when idle like any other)."""
-    from broker.actuator import request_launch
-    from broker.plan import Launch
-    from broker.runtime import init_runtime
+    from broker.bus.runtime import init_runtime
+    from broker.cycle.actuator import request_launch
+    from broker.cycle.plan import Launch
     from broker.store.instances import request_ids
 
     s = settings(ctx)
@@ -112,7 +112,7 @@ def provisioner(
     """Run the provisioner on its own (where the cloud credentials are): launches and
     terminations from the `provision` queue, and the machines' lifecycle. Run the schedulers
     with --no-provisioner then."""
-    from broker.provision_tasks import run_provisioner
+    from broker.cloud.tasks import run_provisioner
 
     s = settings(ctx)
     if not s.config.providers:

@@ -25,7 +25,7 @@ from broker.errors import (
 )
 
 if TYPE_CHECKING:
-    from broker.config import Config
+    from broker.config.core import Config
 
 out = Console(highlight=False, soft_wrap=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -68,7 +68,7 @@ class Settings:
     @property
     def config(self) -> Config:
         if self._config is None:
-            from broker.config import Config, load_config
+            from broker.config.core import Config, load_config
 
             config = load_config(self.config_path)
             # the default bundle, with no bundles or policy settings of the file's own, passes
@@ -166,11 +166,11 @@ def usage_error(e: Exception) -> typer.Exit:
 
 
 def _refused() -> tuple[type[BaseException], ...]:
-    """Redis refusing this client (broker/reach.py), once a command has imported Redis: only
+    """Redis refusing this client (broker/store/reach.py), once a command has imported Redis: only
     then can it be raised, and ``spillway --help`` never imports it."""
     if "redis" not in sys.modules:
         return ()
-    from broker.reach import REFUSED
+    from broker.store.reach import REFUSED
 
     return REFUSED
 
@@ -180,7 +180,7 @@ def _unreachable() -> tuple[type[BaseException], ...]:
     the command has imported."""
     errors: tuple[type[BaseException], ...] = ()
     if "redis" in sys.modules:
-        from broker.reach import UNREACHABLE
+        from broker.store.reach import UNREACHABLE
 
         errors += UNREACHABLE
     kombu = sys.modules.get("kombu.exceptions")

@@ -25,7 +25,7 @@ from broker.cli.common import EXIT_FAIL, err, fmt_duration, out, redacted, setti
 from broker.cli.ops import _Stop, install_stop_handlers
 from broker.cli.render import fitted_table, gpus_text, state_text
 from broker.cli.root import app
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 
 if TYPE_CHECKING:
     from broker.model import Job
@@ -359,7 +359,7 @@ def demo(
     high job's SLA would break, and gives them back once idle; --no-cloud runs on-prem only.
     """
     from broker.client import Client
-    from broker.embedded import LocalCluster
+    from broker.control.embedded import LocalCluster
 
     for key, value in DEMO_TIMINGS.items():
         os.environ.setdefault(key, value)
@@ -390,7 +390,7 @@ def demo(
             out.width)
         config = s.config
         if cloud:
-            from broker.config import load_config
+            from broker.config.core import load_config
 
             config = load_config(config_path, env={})
             say(demo_cloud.intro(), out.width)
@@ -465,6 +465,6 @@ def _run(board: Board, plan: list[DemoJob], onprem_gpus: int, timeout: float,
 
 
 def _gpu_count(inventory: str) -> int:
-    from broker.gpus import parse_inventory
+    from broker.model.gpus import parse_inventory
 
     return sum(e.count for e in parse_inventory(inventory))

@@ -4,7 +4,7 @@ classes and burst settings, the workload that overflows on-prem, and the machine
 The demo's classes keep the default names and ranks with demo-sized SLAs (seconds, not
 minutes), and its normal class is not preemptible, so a high job that finds on-prem full cannot
 make room by preemption: its SLA would break, and the ``spillway`` policy's burst phase
-(policies/burst.py) rents a ``local`` machine for it through the provisioner. The machines are
+(policies/burst/sla.py) rents a ``local`` machine for it through the provisioner. The machines are
 worker processes on this host (providers/local.py), released once idle for a few seconds.
 """
 
@@ -32,7 +32,7 @@ BOOT_DELAY_S = 1.5
 IDLE_TIMEOUT_S = 3.0
 SLA_S = {"critical": 10.0, "high": 10.0, "normal": 600.0, "low": 3600.0}
 
-# The default classes (broker/config.py) with demo-sized SLAs; normal is not preemptible here
+# The default classes (broker/config/core.py) with demo-sized SLAs; normal is not preemptible here
 CLASSES = (
     {"name": "critical", "rank": 400, "sla_s": SLA_S["critical"], "may_preempt": True,
      "preemptible": False, "spot_allowed": False},
@@ -221,7 +221,7 @@ def notes(machines: Machines, jobs: Iterable[Job], onprem_node: str) -> list[str
 
 def machines_left(cluster: Any) -> int:
     """Live machines the local cloud still lists (0 without one)."""
-    from broker.lifecycle import GONE
+    from broker.cloud.lifecycle import GONE
 
     provider = cluster.local_cloud()
     if provider is None:

@@ -23,7 +23,7 @@ from broker.cli.common import (
 from broker.cli.render import explanation_panel, job_panel, jobs_table
 from broker.cli.root import app
 from broker.errors import FieldError, JobNotFound, SpecError
-from broker.state import ACTIVE, JobState
+from broker.model.state import ACTIVE, JobState
 
 if TYPE_CHECKING:
     from broker.model import Job

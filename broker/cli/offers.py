@@ -13,8 +13,8 @@ from rich.markup import escape
 from broker.cli.common import err, out, print_fitted, print_json, settings, spec_error, table_width
 from broker.cli.render import fitted_table
 from broker.cli.root import app
-from broker.gpus import GPU_FAMILIES, KNOWN_MODELS, family_of, normalise_type
-from broker.speed import speed_of
+from broker.model.gpus import GPU_FAMILIES, KNOWN_MODELS, family_of, normalise_type
+from broker.model.speed import speed_of
 
 if TYPE_CHECKING:
     from broker.model.cloud import Offer

@@ -35,7 +35,7 @@ FAILED_WINDOW_S = 600.0  # status counts the cycles that failed this long back
 def status_data(client: Any) -> dict[str, Any]:
     """The cluster at a glance, from the store: leader, nodes, queue by class, active jobs and
     live cloud instances by state."""
-    from broker.plan import POLICY_ERROR
+    from broker.cycle.plan import POLICY_ERROR
 
     now = time.time()
     store = client.store
@@ -249,7 +249,7 @@ def scheduler(
     Run one or several: one leads (a lease in Redis, renewed while it works; its fencing
     token guards every write), the others take over within the lease if it dies.
     """
-    from broker.leader import run_scheduler
+    from broker.control.leader import run_scheduler
 
     s = settings(ctx)
     url = s.url()
@@ -300,7 +300,7 @@ def worker(
         from workers.agent import run_agent
     except ImportError as e:  # pragma: no cover (the agent ships with the package)
         raise fail(f"the worker agent cannot be imported ({e}); reinstall spillway") from None
-    from broker.reach import url_from_file
+    from broker.store.reach import url_from_file
 
     s = settings(ctx)
     url = url_from_file(str(redis_url_file), "--redis-url-file") if redis_url_file \
@@ -368,7 +368,7 @@ def up(
     Redis (embedded unless one is configured), a scheduler, and a worker with a static GPU
     inventory, all as child processes.
     """
-    from broker.embedded import LocalCluster
+    from broker.control.embedded import LocalCluster
 
     s = settings(ctx)
     configured = s.redis_url or s.config.redis_url

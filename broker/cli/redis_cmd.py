@@ -48,7 +48,7 @@ def acl_command(
     --password-file the printed rules have no password: add >PASSWORD (or #SHA256) before
     running them.
     """
-    from broker.embedded import read_or_make_secret, write_private
+    from broker.control.embedded import read_or_make_secret, write_private
 
     try:
         spec = acl.user_for(role, node, user, prefix)

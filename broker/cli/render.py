@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.common import fmt_duration
+from broker.model.state import TERMINAL, JobState
 from broker.security.redact import masked_env
-from broker.state import TERMINAL, JobState
 
 if TYPE_CHECKING:
     from broker.client import Explanation, NodeView

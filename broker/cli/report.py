@@ -47,11 +47,11 @@ def report(
 ) -> None:
     """Cloud spend against each team's cap, the forecast to the window's end, on-prem
     chargeback, GPU-hours and emissions, from the ledger, jobs and instances in the store."""
-    from broker.report import BY, FORECASTS, build
-    from broker.report_data import fallback_note, gather
-    from broker.report_html import to_html
-    from broker.report_render import FORMATS, renderable, to_csv
-    from broker.report_window import ReportError, parse_window
+    from broker.money.report import BY, FORECASTS, build
+    from broker.money.report_data import fallback_note, gather
+    from broker.money.report_html import to_html
+    from broker.money.report_render import FORMATS, renderable, to_csv
+    from broker.money.report_window import ReportError, parse_window
 
     by = _choice(by, "--by", BY)
     fmt = _choice(fmt, "--format", FORMATS)

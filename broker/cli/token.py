@@ -57,7 +57,7 @@ def _remote(ctx: typer.Context) -> tuple[Any, Any]:
     client = settings(ctx).client()
     if client._remote is not None:
         return client._remote, None
-    from broker.tokens import TokenStore
+    from broker.security.tokens import TokenStore
 
     return None, TokenStore(client.store_redis)
 

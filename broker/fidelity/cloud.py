@@ -27,9 +27,9 @@ from types import MappingProxyType
 from typing import Any
 
 from broker.model import Instance, InstanceState, Offer
+from broker.model.state import JobState
 from broker.sim.cloud import Clouds, CloudSpec
 from broker.sim.cluster import Cluster
-from broker.state import JobState
 
 CLUSTER_NAME = "fidelity"  # the real run's cluster_name (it tags every machine)
 CLOUD_KEYS = ("cloud_cost_usd", "bursts", "cloud_gpu_hours")

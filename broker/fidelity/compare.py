@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.model import Job
+from broker.model.state import EvictionKind, JobState
 from broker.sim.metrics import compute_metrics
 from broker.sim.types import JobRecord, Sample, SimResult, TraceJob
-from broker.state import EvictionKind, JobState
 
 _ENDS = frozenset({JobState.PREEMPTED, JobState.LOST, JobState.SUCCEEDED, JobState.FAILED,
                    JobState.CANCELLED})

@@ -31,9 +31,9 @@ from broker.errors import ConfigError, SpillwayError
 from broker.fidelity.cloud import CLUSTER_NAME, job_sites, local_providers, stop_machines
 from broker.fidelity.scale import inventory_text, real_config
 from broker.model import Instance, Job
+from broker.model.state import JobState
 from broker.sim.cluster import Cluster
 from broker.sim.types import Trace, TraceJob
-from broker.state import JobState
 from broker.store.redis import RedisStore
 from broker.waiting import poll_until
 

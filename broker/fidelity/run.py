@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import ConfigError
 from broker.fidelity import cloud as fc
 from broker.fidelity.compare import relative_diff, result_of, world
@@ -31,11 +31,11 @@ from broker.fidelity.real import RealResult, RealRun, refuse_custom
 from broker.fidelity.scale import check_k, inventory_text, scale_cluster, scale_trace
 from broker.model import JobSpec
 from broker.model.fit import could_hold
+from broker.model.state import JobState
 from broker.sim.cluster import Cluster
 from broker.sim.latency import Latencies, LatencySimulation
 from broker.sim.run import SimRequest, prepare
 from broker.sim.types import SimResult, Trace
-from broker.state import JobState
 from policies.registry import bundle
 
 CHECKPOINT_SHARE = 0.5  # an evicted job takes this share of grace_s to checkpoint and exit

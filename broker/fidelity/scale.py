@@ -17,7 +17,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from broker.config import CLUSTER_CONFIG_KEYS, Config
+from broker.config.core import CLUSTER_CONFIG_KEYS, Config
 from broker.errors import ConfigError
 from broker.model import Node
 from broker.sim.carbon_metrics import SIM_ONLY_SETTINGS

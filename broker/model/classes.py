@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The roles an API token may have (broker/tokens.py; docs/api.md has the table).
+#: The roles an API token may have (broker/security/tokens.py; docs/api.md has the table).
 ROLES = ("user", "finance", "operator", "admin")
 #: Everyone (every token role): a class open to all.
 OPEN: tuple[str, ...] = ()

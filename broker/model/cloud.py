@@ -140,7 +140,7 @@ class Offer:
     region: str
     zone: str  # "" for an offer that any zone of the region can fill
     instance_type: str
-    gpu_model: str  # canonical model, e.g. A100-80GB (broker.gpus)
+    gpu_model: str  # canonical model, e.g. A100-80GB (broker.model.gpus)
     gpu_count: int
     gpu_memory_gb: float  # per GPU
     market: Market

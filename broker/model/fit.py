@@ -1,6 +1,6 @@
 """Which devices satisfy a request, and whether a set of nodes could ever hold a job.
 
-Facts of the vocabulary, not policy: placement (policies/placement.py) indexes free devices by
+Facts of the vocabulary, not policy: placement (policies/place/placement.py) indexes free devices by
 these kinds, and the simulator and submit-time checks ask :func:`could_hold`.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from broker.gpus import memory_of, type_matches
 from broker.model.cloud import Offer
+from broker.model.gpus import memory_of, type_matches
 from broker.model.node import Gpu, Node, NodeState
 from broker.model.spec import Resources
 

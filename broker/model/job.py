@@ -1,7 +1,7 @@
 """What the system tracks about a job: its state, attempts, placement and history.
 
 Every record is a frozen dataclass changed with ``dataclasses.replace``; a state change goes
-through :meth:`Job.with_state`, which follows the table in :mod:`broker.state`.
+through :meth:`Job.with_state`, which follows the table in :mod:`broker.model.state`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from broker.errors import InvalidTransition
 from broker.model.spec import JobSpec, Resources
-from broker.state import EvictionKind, JobState, can_move
+from broker.model.state import EvictionKind, JobState, can_move
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What the nodes' and instances' state tables share: a history entry and the checked move.
 
 Each table maps a state to the states it may move to, with one comment per edge beside it
-(jobs keep theirs in :mod:`broker.state`). A move off the table raises
+(jobs keep theirs in :mod:`broker.model.state`). A move off the table raises
 :class:`~broker.errors.InvalidTransition`; a state with no way out is terminal.
 """
 

@@ -24,8 +24,8 @@ from pydantic import (
 )
 
 from broker.errors import FieldError, SpecError
-from broker.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
 from broker.model.classes import PriorityClass, Team
+from broker.model.gpus import ALL_MIG_PROFILES, KNOWN_MODELS, MIG_PROFILES, normalise_type
 from broker.model.values import (
     MAX_DEADLINE,
     EnvName,
@@ -41,7 +41,8 @@ SITES = ("onprem", "cloud", "spot")
 
 
 class SpecDefaults(Protocol):
-    """What checking a JobSpec reads from the configuration (``broker.config.Config`` has it)."""
+    """What checking a JobSpec reads from the configuration (``broker.config.core.Config`` has
+    it)."""
 
     @property
     def default_class(self) -> str: ...

@@ -39,7 +39,7 @@ from broker.errors import SpillwayError
 
 ROLES = ("scheduler", "api", "agent", "registrar")
 DEFAULT_PREFIX = "sw:"
-#: Keys outside the store's prefix that Spillway itself writes (broker/commands.py).
+#: Keys outside the store's prefix that Spillway itself writes (broker/bus/commands.py).
 CYCLE_KEYS = ("sw:cycle:dirty", "sw:cycle:wake")
 #: Kombu's Redis transport: queue bindings, the unacknowledged-message ledger and its lock.
 KOMBU_KEYS = ("_kombu.binding*", "unacked", "unacked_index", "unacked_mutex")

@@ -267,7 +267,7 @@ def run_registrar(url: str, prefix: str = acl.DEFAULT_PREFIX, sweep_s: float = S
     """Serve requests until ``stop`` is set; ride out Redis outages. Returns the exit code:
     1 at once if this user may not run ``ACL USERS`` or read its requests."""
     from broker.errors import StoreRefused, StoreUnreachable
-    from broker.reach import REFUSED, UNREACHABLE, hide_password, wait_for_redis
+    from broker.store.reach import REFUSED, UNREACHABLE, hide_password, wait_for_redis
 
     stop = stop or threading.Event()
     shown = hide_password(url)

@@ -1,8 +1,8 @@
 """The simulator's carbon signals and its carbon and deadline figures.
 
-- :func:`sim_signals`: the :class:`~broker.carbon_signals.CarbonSignals` a simulation's
-  snapshots go through (the same :meth:`~broker.carbon_signals.CarbonSignals.dress` as a
-  scheduler's): the run's carbon series (broker/energy_sim.py: the shipped Electricity Maps
+- :func:`sim_signals`: the :class:`~broker.energy.carbon_signals.CarbonSignals` a simulation's
+  snapshots go through (the same :meth:`~broker.energy.carbon_signals.CarbonSignals.dress` as a
+  scheduler's): the run's carbon series (broker/sim/energy.py: the shipped Electricity Maps
   2022 series moved onto the trace's year), a zone they lack answered by its stand-in (as the
   accounting does), fetched in line every 15 simulated minutes over the next seven days, a
   perfect forecast (the series itself).
@@ -22,8 +22,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from broker.carbon_signals import AliasedSource, CarbonSignals
-from broker.energy_sim import RunPiece, SimEnergy, stand_in
+from broker.energy.carbon_signals import AliasedSource, CarbonSignals
+from broker.sim.energy import RunPiece, SimEnergy, stand_in
 from policies.registry import declare_settings
 from providers.catalog.zones import carbon_zone
 

@@ -39,10 +39,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from broker.cloud.spot_signals import Feed
+from broker.cycle.plan import Launch
 from broker.errors import ConfigError
 from broker.model import Gpu, Instance, InstanceState, Node, NodeState, Offer
-from broker.plan import Launch
-from broker.spot_signals import Feed
 
 SITE_KEYS = ("provider", "region", "zones", "instance_types", "markets", "quota_gpus",
              "boot_s", "notice_s", "availability")
@@ -256,7 +256,7 @@ class Clouds:
         return self._offers_at[1]
 
     def feed(self, key: str) -> Feed | None:
-        """The replayed availability of spot zone ``provider:zone`` (broker/spot_signals.py),
+        """The replayed availability of spot zone ``provider:zone`` (broker/cloud/spot_signals.py),
         None for a zone without a trace."""
         provider, _, zone = key.partition(":")
         z = self.zones.get((provider, zone))

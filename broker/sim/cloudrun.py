@@ -7,7 +7,7 @@ would (its site is the offer's, e.g. ``aws:us-east-1:us-east-1a:spot``), and the
 jobs on it as on any node. A spot instance whose zone loses its spot capacity gets the
 provider's notice: its node drains, its jobs are stopped with the notice as their grace
 (eviction kind ``spot``), checkpoint and go back to the queue; at the end of the notice it is
-gone. Nodes are scaled down by production's rule (broker/lifecycle.py :func:`scale_down`).
+gone. Nodes are scaled down by production's rule (broker/cloud/lifecycle.py :func:`scale_down`).
 Cost runs from the launch to the end.
 """
 
@@ -17,11 +17,11 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from broker.lifecycle import NodeUse, Verdict, scale_down
+from broker.cloud.lifecycle import NodeUse, Verdict, scale_down
+from broker.cycle.plan import Plan, Snapshot
 from broker.model import InstanceState, NodeState
-from broker.plan import Plan, Snapshot
+from broker.model.state import ACTIVE, LEAVES_MACHINE, EvictionKind, JobState
 from broker.sim.cloud import Clouds, CloudSpec, SimInstance
-from broker.state import ACTIVE, LEAVES_MACHINE, EvictionKind, JobState
 
 if TYPE_CHECKING:
     from broker.sim.engine import Simulation, _Run
@@ -86,7 +86,7 @@ class CloudRun:
         return False
 
     def _scale_down(self, inst: SimInstance, now: float, leaving: bool = False) -> None:
-        """Judge a node by production's scale-down rule (broker/lifecycle.py
+        """Judge a node by production's scale-down rule (broker/cloud/lifecycle.py
         :func:`scale_down`): drain one idle, under half busy, or no longer serving a job it was
         launched for, for the idle timeout, or whose jobs all move to spot (``leaving``);
         release a drained one once its jobs have left."""

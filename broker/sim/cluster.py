@@ -18,7 +18,7 @@
     policies:                      # optional: bundles built of registered policies, by name
       backfill-only: {order: multifactor, reserve: easy, evict: []}
     cloud: {sites: [...]}          # optional: cloud sites to burst to (broker/sim/cloud.py)
-    budgets: {vision: {amount: 200}}  # optional: team caps (broker/ledger_sim.py)
+    budgets: {vision: {amount: 200}}  # optional: team caps (broker/sim/ledger.py)
     settings:                      # optional; checked by policies/settings.py
       spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
       fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from broker.config import (
+from broker.config.core import (
     DEFAULT_CLASSES,
     PriorityClass,
     Team,
@@ -53,9 +53,9 @@ from broker.config import (
     parse_teams,
 )
 from broker.errors import ConfigError
-from broker.ledger_sim import parse_budgets
 from broker.model import Gpu, Node, NodeState
 from broker.sim.cloud import CloudSpec, parse_cloud
+from broker.sim.ledger import parse_budgets
 from broker.store.budgets import Budget
 from policies.registry import PolicySet
 from policies.settings import check_bundles, check_settings
@@ -76,7 +76,7 @@ class Cluster:
     settings: Mapping[str, Any] = field(default_factory=dict)
     policies: Mapping[str, PolicySet] = field(default_factory=dict)  # bundles it builds
     cloud: CloudSpec | None = None  # cloud sites it may rent from (broker/sim/cloud.py)
-    budgets: tuple[Budget, ...] = ()  # the teams' caps (broker/ledger_sim.py)
+    budgets: tuple[Budget, ...] = ()  # the teams' caps (broker/sim/ledger.py)
 
     @property
     def capacity_gpus(self) -> int:

@@ -9,7 +9,7 @@ scheduling is simulated: it is the same code that runs in production.
 Simulated jobs checkpoint when asked to stop (they are given a ``checkpoint_dir``), so a
 preempted job resumes where it was; the GPU time between SIGTERM and exit counts as lost. A
 job's runtime in the trace holds on the GPU model given by its ``gpu_type`` and is converted
-to the model it gets with the speed table (``broker/speed.py``); a job without one runs as
+to the model it gets with the speed table (``broker/model/speed.py``); a job without one runs as
 long on any model. A job that would outrun its time limit is stopped at the limit (FAILED).
 
 An invariant checker runs after every cycle (see :mod:`broker.sim.invariants`).
@@ -24,14 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from broker.config import CLUSTER_CONFIG_KEYS, Config
-from broker.energy_sim import RunPiece, SimEnergy
+from broker.cloud.spot_signals import SpotSignals
+from broker.config.core import CLUSTER_CONFIG_KEYS, Config
+from broker.cycle.plan import Plan
+from broker.cycle.scheduler import run_cycle
+from broker.cycle.snapshots import SnapshotBuilder
 from broker.errors import ConfigError
-from broker.ledger_sim import SimBudgets
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
-from broker.plan import Plan
-from broker.scheduler import run_cycle
+from broker.model.speed import convert_runtime
+from broker.model.state import EvictionKind, JobState
 from broker.sim.carbon_metrics import (
     carbon_by_class,
     deadline_metrics,
@@ -40,12 +42,10 @@ from broker.sim.carbon_metrics import (
 )
 from broker.sim.cloudrun import CloudRun
 from broker.sim.cluster import Cluster
+from broker.sim.energy import RunPiece, SimEnergy
 from broker.sim.invariants import InvariantChecker
+from broker.sim.ledger import SimBudgets
 from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
-from broker.snapshots import SnapshotBuilder
-from broker.speed import convert_runtime
-from broker.spot_signals import SpotSignals
-from broker.state import EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
 from policies.registry import PolicySet, settings_of
@@ -141,7 +141,8 @@ class Simulation:
                               policy_settings={**base.policy_settings, **{
                                   k: v for k, v in cluster.settings.items() if k not in own}})
         self.store = MemoryStore(self.config)
-        # predictor, caches, and the carbon signals of the run's series (broker/carbon_signals.py)
+        # predictor, caches, and the carbon signals of the run's series
+        # (broker/energy/carbon_signals.py)
         self.snapshots = SnapshotBuilder(self.store, self.config, sim_signals(energy, cluster))
         if oracle_runtimes:
             self.snapshots.predictor = _TrueRuntimes(self)
@@ -183,7 +184,7 @@ class Simulation:
         self.spot = SpotSignals(feeds=self.cloud.clouds.feed) if self.cloud else None
         # the teams' caps (a cluster file's budgets), kept as production does
         self.budgets = SimBudgets(self, cluster.budgets) if self.cloud is not None else None
-        # jobs on rented machines come home when on-prem GPUs stand idle (policies/burst_home.py):
+        # jobs on rented machines come home when on-prem GPUs stand idle (policies/burst/home.py):
         # then a cycle can change something while nothing waits
         self.home = self.cloud is not None and self.policy.burst == "sla" and bool(float(
             settings_of(self.config.policy_settings, "sla").get("home_move", 0.0)))

@@ -10,9 +10,9 @@ the store, and is counted (``invariant_violations`` must be 0) with the first fe
 
 from __future__ import annotations
 
+from broker.cycle.plan import Applied, Plan
 from broker.model import Job
-from broker.plan import Applied, Plan
-from broker.state import ACTIVE, can_move
+from broker.model.state import ACTIVE, can_move
 from broker.store.memory import MemoryStore
 
 

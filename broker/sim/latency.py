@@ -20,11 +20,11 @@ from typing import Any
 
 from broker.errors import ConfigError
 from broker.model import Job
+from broker.model.state import JobState
 from broker.sim.cloudrun import BOOT, IDLE, CloudRun
 from broker.sim.cluster import Cluster
 from broker.sim.engine import END, WAKE, Simulation
 from broker.sim.types import Trace
-from broker.state import JobState
 from policies.registry import PolicySet
 
 _CYCLE = "~cycle"  # the id of a delayed cycle's wake-up event (a plan's wake-up has "")
@@ -106,7 +106,7 @@ class Latencies:
 
 class LifecycleCloudRun(CloudRun):
     """The simulator's clouds; kept for ``lifecycle=True``. Production and the simulator
-    share one scale-down rule (broker/lifecycle.py :func:`scale_down`), so it is
+    share one scale-down rule (broker/cloud/lifecycle.py :func:`scale_down`), so it is
     :class:`CloudRun` itself."""
 
 

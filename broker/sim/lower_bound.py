@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from broker.gpus import type_matches
+from broker.model.gpus import type_matches
 
 OBJECTIVES = ("cost", "carbon")
 SpotSeconds = Callable[[str, float, float], float]  # zone, t0, t1 -> seconds with spot

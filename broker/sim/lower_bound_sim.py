@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from broker.energy import actual_steps
-from broker.energy_sim import SimEnergy
+from broker.energy.model import actual_steps
 from broker.model import Resources
 from broker.model.fit import could_hold
 from broker.sim.cloud import Clouds, CloudSpec
 from broker.sim.cluster import Cluster
+from broker.sim.energy import SimEnergy
 from broker.sim.lower_bound import KgRate, LbJob, LbOffer, LbPool, LbProblem, SpotSeconds, solve
 from broker.sim.types import JobRecord, SimResult, Trace
 from providers.carbon.base import integrate
@@ -115,7 +115,7 @@ def _spot_seconds(ups: Mapping[str, tuple[list[float], list[float]]]) -> SpotSec
 
 def kg_rate(energy: SimEnergy) -> KgRate:
     """kg CO2e per GPU-hour of ``model`` at ``site`` over ``[t0, t1)`` (trace seconds): the
-    energy model and carbon series the run's ``carbon_kg`` uses (broker/energy_sim.py)."""
+    energy model and carbon series the run's ``carbon_kg`` uses (broker/sim/energy.py)."""
     model = energy.energy.model
     mean: dict[tuple[str, float, float], float] = {}
 

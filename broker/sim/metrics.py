@@ -310,7 +310,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("Jain", "jain_fairness", ".3f"),
     ("SLA", "sla_attainment", "pct"),
     ("preempt", "preemptions", "d"),
-    ("CO2 kg", "carbon_kg", ".0f"),  # broker/energy_sim.py
+    ("CO2 kg", "carbon_kg", ".0f"),  # broker/sim/energy.py
     ("$/GPU-h", "cost_per_gpu_hour", ".3f"),
     ("viol", "invariant_violations", "d"),
     ("wall", "wall_s", "wall"),

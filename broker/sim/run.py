@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.energy_sim import SimEnergy
 from broker.errors import ConfigError
 from broker.model import parse_time
 from broker.sim.cluster import DEFAULT_CLUSTER, Cluster, load_cluster
+from broker.sim.energy import SimEnergy
 from broker.sim.engine import Progress, ProgressFn, Simulation
 from broker.sim.trace import busiest_window, load_trace, offered_load_gpus, scale_for
 from broker.sim.types import SimResult, Trace
@@ -36,7 +36,7 @@ class SimRequest:
     target_load: float | None = None  # or: scale so offered load = this x capacity
     seed: int = 0
     check: bool = True
-    carbon: bool = True  # carbon_kg and cost_per_gpu_hour (broker/energy_sim.py)
+    carbon: bool = True  # carbon_kg and cost_per_gpu_hour (broker/sim/energy.py)
     lower_bound: bool = False  # the lower_bound section (broker/sim/lower_bound_sim.py)
     lower_bound_slot_s: float = 900.0
     lower_bound_no_pause: bool = False  # also the bound in which unstopped jobs run whole

@@ -104,10 +104,10 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
-from broker.config import DEFAULT_CLASSES, PriorityClass
+from broker.config.core import DEFAULT_CLASSES, PriorityClass
 from broker.errors import ConfigError
-from broker.gpus import GPU_FAMILIES, KNOWN_MODELS, normalise_type
 from broker.model import parse_time
+from broker.model.gpus import GPU_FAMILIES, KNOWN_MODELS, normalise_type
 from broker.sim.types import Trace, TraceJob
 
 HOUR = 3600.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.config import Config
+    from broker.config.core import Config
     from broker.store.backend import LogLine
     from broker.store.base import BaseStore
     from broker.store.memory import MemoryStore

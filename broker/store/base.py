@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
 from broker.model import (
     HistoryEntry,
@@ -29,14 +29,14 @@ from broker.model import (
     Reason,
     Site,
 )
-from broker.state import ACTIVE, TERMINAL, EvictionKind, JobState
+from broker.model.state import ACTIVE, TERMINAL, EvictionKind, JobState
 from broker.store.backend import Backend, QueueOrder
 from broker.store.status import CHANGED, FENCED, OK, RETRIES, VERSION, Usage
 
 if TYPE_CHECKING:
     # (the write side's modules and the plan's types are imported where a method uses them:
     # a command that reads jobs loads none of them; tests/unit/test_cli_imports.py)
-    from broker.plan import Applied, Plan, Reservation, Snapshot
+    from broker.cycle.plan import Applied, Plan, Reservation, Snapshot
     from broker.store import boots as _boots
     from broker.store import transitions as T
     from broker.store.events import JobEvent
@@ -300,14 +300,14 @@ class BaseStore(Backend):
 
     def snapshot(self, now: float) -> Snapshot:
         """Jobs, nodes, usage and the reservation at ``now`` (no runtime predictor: a
-        scheduler's :class:`broker.snapshots.SnapshotBuilder` keeps and adds it)."""
+        scheduler's :class:`broker.cycle.snapshots.SnapshotBuilder` keeps and adds it)."""
         return self.read_snapshot(now, None)[0]
 
     def read_snapshot(self, now: float, runtimes_after: str | None
                       ) -> tuple[Snapshot, list[tuple[str, str, int, float, float]], str | None]:
         """:meth:`snapshot`, and in the same round trip the runtime samples after the cursor
         ``runtimes_after`` (None: none) with the new cursor."""
-        from broker.plan import Reservation, Snapshot
+        from broker.cycle.plan import Reservation, Snapshot
         from broker.store.budgets import budget_book, with_budgets
 
         pend, act, all_nodes, allocated, meta = self._read_state(runtimes_after)
@@ -359,7 +359,7 @@ class BaseStore(Backend):
     def apply(self, plan: Plan, now: float) -> Applied:
         """Apply a Plan compare-and-set: a start whose job moved on since the snapshot, or whose
         GPUs were taken, is skipped, never half-done. Safe to run twice on the same Plan."""
-        from broker.plan import Applied
+        from broker.cycle.plan import Applied
         from broker.store import transitions as T
 
         started, stopping, skipped = [], [], []
@@ -465,7 +465,7 @@ class BaseStore(Backend):
 
     def reservation(self) -> Reservation | None:
         """The reservation the last applied Plan made (EASY backfill), if any."""
-        from broker.plan import Reservation
+        from broker.cycle.plan import Reservation
 
         raw = self._get_reservation()
         return Reservation.from_dict(json.loads(raw)) if raw else None

@@ -3,7 +3,7 @@ the machines Spillway rented (a mixin's rules, kept by :class:`~broker.store.bas
 
 A machine's boot is the time from its launch request (the record's ``requested_at``: the
 cycle that planned it) to its agent registering (the lifecycle pass that moves its record
-READY), which is what the burst policy waits for (policies/offers.py: a machine launched now
+READY), which is what the burst policy waits for (policies/burst/offers.py: a machine launched now
 is ready ``boot_s`` later). Each offer keeps an exponentially weighted moving average of its
 machines' boots (:data:`ALPHA`): the first observation replaces the seed, each later one
 moves the estimate by ``ALPHA`` of the difference.

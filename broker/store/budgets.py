@@ -10,7 +10,7 @@ alert thresholds in percent of the amount.
 The book is the only place money is committed. :meth:`BudgetBook.reserve` is one atomic
 check-and-reserve for a whole launch (Redis: one Lua script), so two cycles, two schedulers or
 many concurrent submissions cannot reserve the same last dollar; :meth:`BudgetBook.charge`
-books one interval of one instance (broker/ledger.py computes it), idempotent by (instance,
+books one interval of one instance (broker/money/ledger.py computes it), idempotent by (instance,
 interval), and turns the reservation of that instance into spend; :meth:`BudgetBook.settle`
 releases what is left of an instance's reservation once it stopped.
 """
@@ -39,7 +39,7 @@ from broker.store.budgets_memory import MemoryBudgets
 from broker.store.budgets_redis import RedisBudgets
 
 if TYPE_CHECKING:
-    from broker.plan import Snapshot
+    from broker.cycle.plan import Snapshot
     from broker.store.base import BaseStore
 
 __all__ = ["DEFAULT_ALERTS", "EPS", "HISTORY_CAP", "WINDOWS", "Budget", "BudgetBook",

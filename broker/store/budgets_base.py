@@ -113,7 +113,7 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Part:
-    """One team's share of one interval of one instance (broker/ledger.py)."""
+    """One team's share of one interval of one instance (broker/money/ledger.py)."""
 
     team: str
     usd: float

@@ -2,7 +2,7 @@
 of :class:`~broker.store.base.BaseStore`, which holds the rules).
 
 One record per machine, keyed by its request id (the id written into the machine's tags, so a
-restarted provisioner finds the machine again). A Plan's :class:`~broker.plan.Launch` of
+restarted provisioner finds the machine again). A Plan's :class:`~broker.cycle.plan.Launch` of
 ``count`` machines becomes ``count`` records (:func:`request_ids`). Records are never deleted:
 ended ones stay as the ledger of what was rented, when, at what price and why. Every write is
 compare-and-set on the record's version (and fenced like job writes when a leader makes it).

@@ -1,5 +1,5 @@
 """Leadership in the store: one scheduler leads, on a lease; its fencing token guards its
-writes (broker/leader.py runs the election; the backends keep the lease)."""
+writes (broker/control/leader.py runs the election; the backends keep the lease)."""
 
 from __future__ import annotations
 

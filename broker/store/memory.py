@@ -8,10 +8,10 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import StaleAttempt
 from broker.model import BY_AGE, Instance, Job, Node, NodeState, Reason
-from broker.state import ACTIVE, JobState
+from broker.model.state import ACTIVE, JobState
 from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
 from broker.store.base import BaseStore
 from broker.store.instances import Block

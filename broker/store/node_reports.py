@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.errors import Conflict, JobNotFound, StaleAttempt
 from broker.model import Instance, InstanceState, Job, Site
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from broker.store.events import Exited, JobEvent, Started, StartFailed
 from broker.store.instances import block_key_of
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from broker.errors import Conflict, JobNotFound, NodeBusy, NodeNotFound
 from broker.model import Job, Node, NodeState
-from broker.state import ACTIVE
+from broker.model.state import ACTIVE
 from broker.store import transitions as T
 
 if TYPE_CHECKING:

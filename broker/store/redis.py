@@ -53,10 +53,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.model import Instance, Job, Node
+from broker.model.state import ACTIVE, JobState
 from broker.security import seal
-from broker.state import ACTIVE, JobState
 from broker.store.redis_records import NODE_FIELDS, RedisRecords, _str
 
 if TYPE_CHECKING:  # (for the types only: reading a job needs no Change)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import NoScriptError
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import StaleAttempt
 from broker.model import Instance, Node, NodeState, Reason
 from broker.store.backend import ORDER_CAP, LogLine, QueueOrder

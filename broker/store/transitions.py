@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from broker.cycle.plan import Start
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, Job
-from broker.plan import Start
-from broker.state import ACTIVE, TERMINAL, UNCOUNTED_STOPS, EvictionKind, JobState
+from broker.model.state import ACTIVE, TERMINAL, UNCOUNTED_STOPS, EvictionKind, JobState
 from broker.store.events import STOPPED, Exited, JobEvent, Started
 
 S = JobState
@@ -145,7 +145,7 @@ def outcomes(job: Job, outcome: JobState) -> int:
 def counted_preemptions(job: Job) -> int:
     """The job's preemptions that count toward ``max_preemptions``: its attempts that ended
     PREEMPTED, less its own pauses through dirty-power peaks and its spot interruptions
-    (:data:`~broker.state.UNCOUNTED_STOPS`), each found by the kind on the STOPPING entry
+    (:data:`~broker.model.state.UNCOUNTED_STOPS`), each found by the kind on the STOPPING entry
     before a PREEMPTED one in its history."""
     uncounted, kind = 0, None
     for h in job.history:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.gpus import GPU_FAMILIES, canonical_model, family_of, memory_of
+from broker.model.gpus import GPU_FAMILIES, canonical_model, family_of, memory_of
 from providers.catalog import gcp_hosts
 from providers.catalog.refresh_gcp import GcpPrices
 from providers.catalog.rows import CatalogRow, write_rows

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from broker.gpus import type_matches
 from broker.model.cloud import Market, Offer
-from broker.speed import speed_of
+from broker.model.gpus import type_matches
+from broker.model.speed import speed_of
 from providers.base import Resources
 from providers.catalog.rows import CatalogRow, read_rows
 from providers.catalog.spot import (
@@ -132,7 +132,7 @@ class Catalog:
                                 traces: Sequence[SpotTrace]) -> list[Offer]:
         """``offers`` with ``extra["interruption_rate_per_hour"]`` and
         ``extra["interruption_basis"]`` set on the spot ones (the burst policy's cost model,
-        policies/offers.py, reads the rate from there)."""
+        policies/burst/offers.py, reads the rate from there)."""
         out = []
         for o in offers:
             if o.market is Market.SPOT:

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from broker.gpus import GPU_FAMILIES, canonical_model, family_of, memory_of
+from broker.model.gpus import GPU_FAMILIES, canonical_model, family_of, memory_of
 from providers.base import require
 from providers.catalog.rows import CatalogRow
 from providers.catalog.zones import carbon_zone

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from broker.gpus import memory_of
+from broker.model.gpus import memory_of
 from providers.base import require
 from providers.catalog import gcp_hosts
 from providers.catalog.refresh_aws import PriceFileError, Refreshed

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from broker.gpus import KNOWN_MODELS
+from broker.model.gpus import KNOWN_MODELS
 
 FORMAT = "#spillway-catalog 1"
 COLUMNS = ("provider", "region", "zone", "instance_type", "gpu_model", "gpu_count",
@@ -39,7 +39,7 @@ class CatalogRow:
     region: str
     zone: str  # "" where the prices hold in every zone of the region
     instance_type: str
-    gpu_model: str  # canonical (broker.gpus.KNOWN_MODELS)
+    gpu_model: str  # canonical (broker.model.gpus.KNOWN_MODELS)
     gpu_count: int
     gpu_memory_gb: float  # per GPU
     vcpus: float

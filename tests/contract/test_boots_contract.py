@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.cloud_settings import parse_providers
-from broker.config import Config
+from broker.config.core import Config
+from broker.config.providers import parse_providers
 from broker.model import Instance, InstanceState, Market, Offer
 from broker.store import BaseStore
 from broker.store.boots import ALPHA, CLOUD_BOOT_S, BootEstimate, default_for, dressed, first

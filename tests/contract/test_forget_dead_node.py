@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import NodeBusy, NodeNotFound
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store import BaseStore
 from tests.contract.test_store_contract import T0, live, node, running, spec
 

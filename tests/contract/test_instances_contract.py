@@ -136,8 +136,8 @@ def test_published_offers_less_blocked_zones(store: BaseStore) -> None:
 
 def test_with_providers_configured_the_snapshot_has_sites_and_offers(
         store_factory: Callable[..., BaseStore]) -> None:
-    from broker.cloud_settings import parse_providers
-    from broker.config import Config
+    from broker.config.core import Config
+    from broker.config.providers import parse_providers
     from broker.model import Market, Offer, Site
 
     store = store_factory(Config(providers=parse_providers({"local": {}})))

@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from broker.config import Config
+from broker.config.core import Config
+from broker.cycle.plan import Plan, Preempt
 from broker.errors import StaleAttempt
-from broker.plan import Plan, Preempt
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from broker.store import BaseStore, RedisStore
 from broker.store import node_reports as nr
 from broker.store.events import Exited, Started, StartFailed
@@ -120,7 +120,7 @@ def rs(redis_client: redis.Redis, redis_prefix: str) -> RedisStore:
 
 
 def leader_applies(store: RedisStore) -> nr.Outcome:
-    """What the leading scheduler does before each cycle (broker/control.py)."""
+    """What the leading scheduler does before each cycle (broker/control/loop.py)."""
     total = nr.Outcome()
     for node_id, entries in store.take_node_reports():
         reports = [r for r in (nr.decode(f) for _, f in entries) if r is not None]

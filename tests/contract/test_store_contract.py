@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from broker.config import Config
+from broker.config.core import Config
+from broker.cycle.plan import Plan, Preempt, Start
+from broker.cycle.snapshots import SnapshotBuilder
 from broker.errors import Conflict, Fenced, JobNotFound, NodeNotFound, SpecError, StaleAttempt
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState, Reason
-from broker.plan import Plan, Preempt, Start
-from broker.snapshots import SnapshotBuilder
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from broker.store import BaseStore, MemoryStore, RedisStore, open_store
 from broker.store.events import STOPPED, Exited, Started, StartFailed
 from broker.store.transitions import Change
@@ -973,7 +973,7 @@ def test_an_ended_attempt_feeds_usage_and_the_predictor(store: BaseStore) -> Non
 
 
 def test_the_reservation_survives_from_one_cycle_to_the_next(store: BaseStore) -> None:
-    from broker.plan import Reservation
+    from broker.cycle.plan import Reservation
 
     live(store, node())
     res = Reservation("j-x", T0 + 60, ("n1",), "A100-80GB", scavengers=("j-y",))

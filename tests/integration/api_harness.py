@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker.embedded import free_port
+from broker.control.embedded import free_port
 from broker.waiting import poll_until
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.config import load_config
-from broker.control import apply_node_reports
+from broker.bus.runtime import Runtime
+from broker.config.core import load_config
+from broker.control.loop import apply_node_reports
 from broker.model import Job, JobSpec, NodeState
-from broker.runtime import Runtime
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.conftest import private_redis
 from tests.integration.harness import pid_alive, wait_until
 
@@ -42,7 +42,7 @@ def server() -> Iterator[str]:
 @pytest.fixture
 def rt(server: str) -> Iterator[Runtime]:
     """A Runtime on the private server, for submitting and running cycles in-process."""
-    from broker.app import app
+    from broker.bus.app import app
 
     redis.Redis.from_url(server).flushdb()
     saved = app.conf.broker_url
@@ -106,7 +106,7 @@ def registered(rt: Runtime, node_id: str, incarnation: str | None = None) -> boo
 
 
 def submit_and_place(rt: Runtime, node_id: str, command: str, gpus: int = 1) -> Job:
-    from broker.control import run_cycles
+    from broker.control.loop import run_cycles
 
     job = rt.store.submit(JobSpec(command=command, gpus=gpus), time.time())
     assert run_cycles(rt) == 1
@@ -194,7 +194,7 @@ def test_killed_agent_takes_its_job_with_it_and_a_restart_cleans_up(
                                                         JobState.RUNNING, JobState.SUCCEEDED)
     assert any(h.state is JobState.LOST for h in requeued.history)
 
-    from broker.control import run_cycles
+    from broker.control.loop import run_cycles
 
     run_cycles(rt)
     done = wait_until(lambda: state_is(rt, job, JobState.SUCCEEDED, JobState.FAILED), 30,
@@ -243,7 +243,7 @@ def test_a_lost_start_command_is_repaired(rt: Runtime, agent: AgentProc,
     the agent (lost with a dying agent, or never sent) is not needed for the job to run. The
     agent reads its node's allocations at each heartbeat and starts what it should run (the
     reconciler also sends a start again once a job has stayed STARTING two heartbeats)."""
-    from broker import commands
+    from broker.bus import commands
 
     agent.start()
     wait_until(lambda: registered(rt, agent.node_id), 30, "the agent to register")

@@ -20,11 +20,11 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.client import Client
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import SpecError, SpillwayError
-from broker.report import day_of
+from broker.money.report import day_of
+from broker.security.tokens import Refused, TokenStore
 from broker.store.budgets import Part, budget_book
-from broker.tokens import Refused, TokenStore
 from tests.integration import test_api_server as api_tests
 from tests.integration.api_harness import ApiServer
 from tests.integration.test_api_server import token

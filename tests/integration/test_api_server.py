@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 from broker.api.remote import Remote
 from broker.cli import app
 from broker.client import Client
-from broker.config import Config
-from broker.control import one_cycle
+from broker.config.core import Config
+from broker.control.loop import one_cycle
 from broker.errors import ConfigError, JobNotFound, NodeNotFound, SpecError
 from broker.model import Gpu, Node
-from broker.state import JobState
+from broker.model.state import JobState
+from broker.security.tokens import RateLimited, Refused, TokenError, TokenStore
 from broker.store.events import Exited, Started
-from broker.tokens import RateLimited, Refused, TokenError, TokenStore
 from tests.conftest import flushed_db
 from tests.integration.api_harness import ApiServer, api_server
 

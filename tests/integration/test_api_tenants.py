@@ -22,13 +22,13 @@ import pytest
 
 from broker.api.longpoll import OpenPolls
 from broker.client import Client
-from broker.config import Config
-from broker.control import one_cycle
+from broker.config.core import Config
+from broker.control.loop import one_cycle
 from broker.model import Gpu, Job, Node
+from broker.model.state import JobState
 from broker.security.redact import masked
-from broker.state import JobState
+from broker.security.tokens import TokenStore
 from broker.store.events import Started
-from broker.tokens import TokenStore
 from broker.waiting import poll_until
 from tests.conftest import private_redis
 from tests.integration.api_harness import ApiServer

@@ -25,12 +25,12 @@ import pytest
 import yaml
 from celery import Celery
 
-from broker import commands
-from broker.app import configure
+from broker.bus import commands
+from broker.bus.app import configure
 from broker.client import JobTimeout
 from broker.model import Instance, Job, NodeState
 from broker.model.cloud import InstanceState, Market, Offer
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from broker.store.instances import block_key
 from providers.aws import AwsProvider
 from tests.boot_shim import BootShim, booting

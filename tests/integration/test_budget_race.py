@@ -20,8 +20,8 @@ from pathlib import Path
 
 import redis
 
-from broker.cloud_settings import parse_providers
-from broker.config import Config
+from broker.config.core import Config
+from broker.config.providers import parse_providers
 from broker.model import JobSpec, Market, Offer
 from broker.store import RedisStore
 from broker.store.budgets import Budget, budget_book
@@ -35,11 +35,11 @@ PROCS = 4
 SCHEDULER = """
 import json, sys, time
 import redis
-from broker.cloud_settings import parse_providers
-from broker.config import Config
-from broker.ledger import reserve_plan
-from broker.scheduler import run_cycle
-from broker.snapshots import SnapshotBuilder
+from broker.config.providers import parse_providers
+from broker.config.core import Config
+from broker.money.ledger import reserve_plan
+from broker.cycle.scheduler import run_cycle
+from broker.cycle.snapshots import SnapshotBuilder
 from broker.store import RedisStore
 from broker.store.budgets import budget_book
 from policies.registry import PolicySet

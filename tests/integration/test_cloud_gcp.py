@@ -30,7 +30,7 @@ import yaml
 
 from broker.model import InstanceState
 from broker.model.cloud import Market, Offer
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store.instances import block_key_of
 from providers.base import CLUSTER_TAG, REQUEST_TAG
 from tests.fakes.boot import Machines, boot_gce

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from broker.model import InstanceState
-from broker.state import JobState
+from broker.model.state import JobState
 from providers.base import CLUSTER_TAG, REQUEST_TAG, Resources
 from providers.libcloud import LibcloudProvider
 from tests.fakes.boot import LibcloudBooter, Machines

@@ -22,14 +22,14 @@ import redis
 import yaml
 from celery import Celery
 
-from broker import commands
-from broker.app import configure
+from broker.bus import commands
+from broker.bus.app import configure
 from broker.client import Explanation
-from broker.embedded import LocalCluster
+from broker.control.embedded import LocalCluster
 from broker.model import Instance, InstanceState
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store import open_store
-from policies.burst_outlook import clock
+from policies.burst.outlook import clock
 from providers.local import LocalProvider
 from providers.userdata import render
 from tests.integration.harness import FAST_TIMINGS, running, wait_until, with_db
@@ -243,7 +243,7 @@ def test_explain_says_when_and_where_a_waiting_job_bursts(redis_url: str, tmp_pa
     cluster = "t" + uuid.uuid4().hex[:8]
     cfg = _config(tmp_path, cluster)
     provider = LocalProvider("local", cluster, state_dir=str(tmp_path / "cloud"))
-    margin = 300.0  # the burst policy's margin_s (policies/burst.py)
+    margin = 300.0  # the burst policy's margin_s (policies/burst/sla.py)
     try:
         with running(url, tmp_path) as c:
             c.env["SPILLWAY_CONFIG"] = str(cfg)

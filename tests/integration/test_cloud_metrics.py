@@ -8,7 +8,7 @@ a stray machine tagged with the cluster reaped as an orphan, and all back to 0 o
 machine is terminated. Then ``promtool test rules`` runs the two cloud alerts
 (SpillwayInstancesStuckBooting, SpillwayOrphanInstances) on input series named and labelled
 exactly as scraped (plus Prometheus' ``instance`` and ``job``), so a metric or label renamed in
-broker/metrics_cloud.py without the rules fails here. Skipped, saying why, without promtool.
+broker/metrics/cloud.py without the rules fails here. Skipped, saying why, without promtool.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import yaml
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import commands
-from broker.app import configure
-from broker.embedded import free_port
+from broker.bus import commands
+from broker.bus.app import configure
+from broker.control.embedded import free_port
 from broker.model import Instance, InstanceState
 from providers.local import LocalProvider
 from providers.userdata import render

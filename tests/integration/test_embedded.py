@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.waiting import poll_until
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 
 from broker.errors import SpecError
 from broker.model import Job
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.integration.harness import Cluster, pid_alive, wait_until, with_db
 
 pytestmark = pytest.mark.integration

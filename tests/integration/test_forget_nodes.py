@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.integration.harness import Cluster, running, wait_until, with_db
 
 pytestmark = pytest.mark.integration

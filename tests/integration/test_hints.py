@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 from tests.integration.harness import wait_until
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from broker.client import Explanation
-from broker.control import STATS
+from broker.control.loop import STATS
 from broker.model import Job
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.integration.harness import Cluster, wait_until, with_db
 from tests.integration.test_end_to_end import assert_no_gpu_held_twice
 

@@ -30,15 +30,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import Config
-from broker.ledger import accrue_store
+from broker.config.core import Config
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, Instance, InstanceState, JobSpec, Node
-from broker.plan import Plan, Start
-from broker.report import Charge, Inputs, Run, build
-from broker.report_data import gather
-from broker.report_html import CLOUD_COLOUR, ONPREM_COLOUR, PALETTE, ZONE_COLOUR, to_html
-from broker.report_money import parse_label
-from broker.report_window import parse_window
+from broker.money.amounts import parse_label
+from broker.money.ledger import accrue_store
+from broker.money.report import Charge, Inputs, Run, build
+from broker.money.report_data import gather
+from broker.money.report_html import CLOUD_COLOUR, ONPREM_COLOUR, PALETTE, ZONE_COLOUR, to_html
+from broker.money.report_window import parse_window
 from broker.store import open_store
 from broker.store.base import BaseStore
 from broker.store.budgets import Budget, budget_book

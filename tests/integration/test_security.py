@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from broker.client import Client
+from broker.model.state import JobState
 from broker.security import acl
-from broker.state import JobState
 from tests.conftest import free_port, redis_answers
 from tests.integration.api_harness import ApiServer
 from tests.integration.harness import wait_until

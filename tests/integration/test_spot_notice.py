@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker.model import NodeState
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from tests.fake_metadata import MetadataServer
 from tests.integration.harness import Cluster, running, wait_until, with_db
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.integration.harness import wait_until
 from tests.integration.test_security import PLANTED, ROOT, Server, env_with, server
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.embedded import free_port
+from broker.control.embedded import free_port
 from broker.waiting import poll_until
 from tests.conftest import redis_server_binary
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Client
-from broker.config import Config
-from broker.tokens import TokenStore
+from broker.config.core import Config
+from broker.security.tokens import TokenStore
 from tests.integration.api_harness import ApiServer
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         if a.redis_url:
             result = bench(a.redis_url, Path(tmp), a.jobs, a.batch, a.batches)
         else:
-            from broker.embedded import EmbeddedRedis
+            from broker.control.embedded import EmbeddedRedis
 
             with EmbeddedRedis(Path(tmp) / "redis") as emb:
                 result = bench(emb.url, Path(tmp), a.jobs, a.batch, a.batches)

@@ -19,7 +19,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from broker.energy import emissions_kg
+from broker.energy.model import emissions_kg
 from tests.reliability.sim_misses import add_sim_args, simulation
 
 _HOUR = 3600.0

@@ -1,7 +1,7 @@
 """Where a dispatch burst's CPU goes, per thread (a measuring aid, run by hand).
 
 ``python -m tests.reliability.dispatch_threads [--jobs 2000]`` runs ``spillway bench dispatch``
-(broker.bench.bench_dispatch) and adds to its JSON:
+(broker.bench.suite.bench_dispatch) and adds to its JSON:
 
 * ``thread_cpu_ms_per_start``: each scheduler and agent thread's CPU during the burst, from
   ``/proc/<pid>/task/<tid>/stat`` read just before and just after it, per job start. Threads
@@ -25,7 +25,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
-from broker import bench
+from broker.bench import suite as bench
 
 HZ = os.sysconf("SC_CLK_TCK")
 

@@ -58,12 +58,12 @@ if _dir:
                     _out.write(json.dumps([tag, began, ended, which]) + "\\n")
         setattr(owner, name, traced)
 
-    import broker.commands, broker.snapshots, broker.control, broker.store.base
+    import broker.bus.commands, broker.cycle.snapshots, broker.control.loop, broker.store.base
     import broker.store.redis, workers.agent, workers.channel, workers.runner
-    _wrap(broker.snapshots.SnapshotBuilder, "build", "snapshot", lambda a: ())
-    _wrap(broker.control, "run_cycle", "plan", lambda a: ())
+    _wrap(broker.cycle.snapshots.SnapshotBuilder, "build", "snapshot", lambda a: ())
+    _wrap(broker.control.loop, "run_cycle", "plan", lambda a: ())
     _wrap(broker.store.base.BaseStore, "apply", "apply", lambda a: [s.job_id for s in a[1].starts])
-    _wrap(broker.commands, "start_jobs", "send", lambda a: [j.id for j in a[1]])
+    _wrap(broker.bus.commands, "start_jobs", "send", lambda a: [j.id for j in a[1]])
     _wrap(workers.agent.Agent, "start_jobs", "agent_start", lambda a: [i[0] for i in a[1]])
     _wrap(workers.channel.RedisChannel, "view", "agent_read", lambda v: list(v.jobs),
           of_result=True)

@@ -21,10 +21,10 @@ import argparse
 import json
 from typing import Any
 
-from broker.energy_sim import SimEnergy
+from broker.model.state import EvictionKind
+from broker.sim.energy import SimEnergy
 from broker.sim.engine import Simulation
 from broker.sim.run import SimRequest, prepare
-from broker.state import EvictionKind
 from policies.registry import bundle
 
 

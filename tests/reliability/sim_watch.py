@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 import broker.sim.engine as engine
-from broker.plan import Plan
+from broker.cycle.plan import Plan
 from tests.reliability.sim_misses import add_sim_args, simulation
 
 

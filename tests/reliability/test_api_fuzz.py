@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.client import Client
-from broker.config import Config
-from broker.tokens import TokenStore
+from broker.config.core import Config
+from broker.security.tokens import TokenStore
 from tests.asgi import call_asgi
 from tests.conftest import flushed_db
 

@@ -171,7 +171,7 @@ def test_cloud_cost_and_bursts_agree_with_the_real_system(tmp_path: Path) -> Non
 
 
 def test_production_and_the_simulator_share_one_scale_down_rule() -> None:
-    """broker/lifecycle.py scale_down judges both worlds' cloud nodes: an 8-GPU node holding
+    """broker/cloud/lifecycle.py scale_down judges both worlds' cloud nodes: an 8-GPU node holding
     one 1-GPU job drains after the idle timeout (under half busy), in the simulator and with
     lifecycle=True alike; a later job rents another machine."""
     from tests.unit.test_sim_cloud import JOBS

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.cli import app
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import SpecError
 from broker.model import JobSpec
 from tests.conftest import flushed_db

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from broker.model import JobSpec
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 from tests.integration.harness import FAST_TIMINGS, Cluster, running, wait_until, with_db
 from workers import keeper
 from workers.isolation import detect

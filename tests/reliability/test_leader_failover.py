@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from broker.model import Job, JobSpec
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 from tests.integration.harness import Cluster, running, wait_until, with_db
 from tests.integration.test_end_to_end import assert_no_gpu_held_twice
 

@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from broker.model import Job, JobSpec, NodeState
-from broker.state import TERMINAL, JobState, can_move
+from broker.model.state import TERMINAL, JobState, can_move
 from tests.integration.harness import Cluster, wait_until
 from tests.integration.test_end_to_end import assert_no_gpu_held_twice
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from broker.model import JobSpec
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.integration.harness import Cluster, running, wait_until, with_db
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker import commands
-from broker.actuator import apply_plan
-from broker.cloud_settings import parse_providers
-from broker.config import Config
+from broker.bus import commands
+from broker.config.core import Config
+from broker.config.providers import parse_providers
+from broker.cycle.actuator import apply_plan
+from broker.cycle.plan import Launch, Plan
 from broker.errors import Fenced
 from broker.model import InstanceState, Market, Offer
-from broker.plan import Launch, Plan
 from tests.unit.test_commands import runtime
 
 OFFER = Offer("local", "home", "home-a", "t1", "A100-80GB", 2, 80.0, Market.ONDEMAND, 4.0)

@@ -14,8 +14,8 @@ from broker.api.longpoll import LongPolls, OpenPolls, long_polls_from
 from broker.api.server import ServeOptions
 from broker.errors import ConfigError
 from broker.model import Job, JobSpec
-from broker.state import JobState
-from broker.tokens import RateLimited, TokenRecord
+from broker.model.state import JobState
+from broker.security.tokens import RateLimited, TokenRecord
 
 T0 = 1_800_000_000.0
 WHO = TokenRecord("0123456789ab", "alice", "user", ("vision",), T0, "test", None)

@@ -13,11 +13,11 @@ from broker.api import auth
 from broker.api.remote import load_token
 from broker.api.server import ServeOptions
 from broker.client import Client
-from broker.config import Config
+from broker.config.core import Config
 from broker.errors import ConfigError, JobNotFound, SpecError
 from broker.model import Job, JobSpec
-from broker.state import JobState
-from broker.tokens import RateLimited, Refused, TokenError, TokenStore
+from broker.model.state import JobState
+from broker.security.tokens import RateLimited, Refused, TokenError, TokenStore
 from tests.conftest import with_db
 
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""EASY backfill in the scheduling cycle (broker/scheduler.py, policies/backfill.py).
+"""EASY backfill in the scheduling cycle (broker/cycle/scheduler.py, policies/place/backfill.py).
 
 Times: ``now`` is 100 unless a row says otherwise; running jobs' estimates are their time
 limits (``estimate="limit"``) unless a row uses a stub predictor.
@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Job
-from broker.plan import Plan, Snapshot
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.backfill import Shadow, release_profile, reserve
-from policies.placement import FreeIndex
+from broker.model.state import JobState
+from policies.place.backfill import Shadow, release_profile, reserve
+from policies.place.placement import FreeIndex
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 
@@ -266,7 +266,7 @@ def test_full_cluster_still_reserves_for_the_head() -> None:
     pytest.param(100.0, float("inf"), False, id="unbounded"),
 ])
 def test_shadow_allows(now: float, estimate: float, allowed: bool) -> None:
-    from broker.plan import Reservation
+    from broker.cycle.plan import Reservation
 
     sh = Shadow(Reservation("h", 1000.0, ("a",), "A100-80GB"), ("A100-80GB", None), {"a": 2})
     assert sh.allows(now, estimate) is allowed
@@ -312,7 +312,7 @@ def test_backfill_relax(relax: float | None, limit: float, starts: bool) -> None
 
 # -- a full cluster --------------------------------------------------------------------------------
 
-CPU_ONLY_BUG = ("broker/scheduler.py _Cycle.run: `if self.index.free_devices == 0: "
+CPU_ONLY_BUG = ("broker/cycle/scheduler.py _Cycle.run: `if self.index.free_devices == 0: "
                 "self._rest_full(...)` parks the rest of the queue when no GPU is free, so a "
                 "CPU-only job (gpus=0; feasible_ever and FreeIndex.find support it) never starts "
                 "while every GPU is busy; under EASY it even 'holds the reservation ... expected "

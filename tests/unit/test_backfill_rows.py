@@ -1,7 +1,7 @@
 """More reservation and backfill rows, through the public entry points only.
 
-Mostly through ``broker.scheduler.run_cycle`` and its Plan (the reservation, who started, the
-reason codes); ``policies.backfill.reserve`` and ``release_profile`` directly where the cap or
+Mostly through ``broker.cycle.scheduler.run_cycle`` and its Plan (the reservation, who started, the
+reason codes); ``policies.place.backfill.reserve`` and ``release_profile`` directly where the cap or
 the profile is the point. ``now`` is 100; running jobs started at 0, so a running job's
 expected end is its time limit.
 """
@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Gpu, Job, Node
-from broker.plan import Plan, Snapshot
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.backfill import release_profile, reserve
-from policies.placement import FreeIndex
+from broker.model.state import JobState
+from policies.place.backfill import release_profile, reserve
+from policies.place.placement import FreeIndex
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 

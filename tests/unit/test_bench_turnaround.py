@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from broker.bench import _turnaround
+from broker.bench.suite import _turnaround
 
 
 def job(gpu: str, starting: float, running: float | None, end: float) -> SimpleNamespace:

@@ -1,6 +1,7 @@
-"""Budgets: the cap arithmetic of the budget step (policies/budget.py), the budget book on both
+"""Budgets: the cap arithmetic of the budget step (policies/burst/budget.py), the budget book on
+both
 backends (broker/store/budgets*.py) and the ledger's split and idempotent charges
-(broker/ledger.py)."""
+(broker/money/ledger.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from broker.ledger import Use, charge_instance, reserve_plan, split
+from broker.cycle.plan import Launch, Plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Instance, InstanceState, Job, Offer, StateChange
-from broker.plan import Launch, Plan
-from broker.scheduler import run_cycle
+from broker.money.ledger import Use, charge_instance, reserve_plan, split
 from broker.store.budgets import Budget, BudgetBook, BudgetError, Part, parse_alerts, window_ids
 from broker.store.budgets_memory import MemoryBudgets
 from broker.store.budgets_redis import RedisBudgets
@@ -172,7 +173,7 @@ def team_job(team: str, gpus: int) -> Job:
 
 @pytest.mark.parametrize("name", SHARE_ROWS)
 def test_a_team_reserves_the_most_the_ledger_can_charge_it(name: str) -> None:
-    from policies.budget import shares
+    from policies.burst.budget import shares
 
     teams, machine_gpus, want = SHARE_ROWS[name]
     got = shares([team_job(t, g) for t, g in teams.items()], 100.0, machine_gpus)
@@ -182,7 +183,7 @@ def test_a_team_reserves_the_most_the_ledger_can_charge_it(name: str) -> None:
 def test_the_reserved_part_bounds_the_ledger_s_worst_split() -> None:
     """Team x's 2 GPUs run the whole hour on a 4-GPU machine launched for x and y (2 GPUs
     each); y's job ends at once: the ledger charges x 3/4 of the machine, its reserved part."""
-    from policies.budget import shares
+    from policies.burst.budget import shares
 
     x, y = team_job("x", 2), team_job("y", 2)
     parts = {p.team: p.usd for p in split(4.0, 4, 0.0, H, [Use("x", 2, 0.0, None)],
@@ -229,7 +230,7 @@ def test_a_refused_launch_leaves_the_plan_with_the_reason() -> None:
 
 
 def test_the_read_api_sums_by_team_site_and_day() -> None:
-    from broker.ledger_report import spend_by, spend_rows
+    from broker.money.ledger_report import spend_by, spend_rows
 
     book = MemoryBudgets()
     book.charge("i1", 1, [Part("a", 2.0, 3600, 0, "s1", "2026-11-30"),
@@ -246,9 +247,9 @@ def test_the_read_api_sums_by_team_site_and_day() -> None:
 
 
 def test_the_lifecycle_pass_charges_a_store_once_however_often_it_runs() -> None:
-    from broker.ledger import accrue_store
+    from broker.cycle.plan import Start
     from broker.model import Allocation, Gpu, JobSpec, Node
-    from broker.plan import Start
+    from broker.money.ledger import accrue_store
     from broker.store import MemoryStore
     from broker.store.budgets import budget_book
     from broker.store.events import Exited, Started

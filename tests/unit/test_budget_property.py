@@ -18,9 +18,9 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from broker.ledger import Use, charge_instance, payers_of, reserve_plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Instance, InstanceState, StateChange
-from broker.scheduler import run_cycle
+from broker.money.ledger import Use, charge_instance, payers_of, reserve_plan
 from broker.store.budgets import Budget, with_budgets
 from broker.store.budgets_memory import MemoryBudgets
 from broker.store.instances import request_ids

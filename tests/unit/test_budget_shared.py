@@ -1,5 +1,6 @@
-"""A job that starts on a machine rented for another team's job (policies/budget.py
-``_starts``, broker/ledger.py): it reserves its own GPUs' share for its team, and the idle GPUs
+"""A job that starts on a machine rented for another team's job (policies/burst/budget.py
+``_starts``, broker/money/ledger.py): it reserves its own GPUs' share for its team, and the idle
+GPUs
 it may keep up for the teams the machine was launched for, who pay them (the ledger's rule).
 However long it keeps the machine up, the launching team's charges stay within what was
 reserved for it."""
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker.ledger import Use, charge_instance, reserve_plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Instance, InstanceState, StateChange
-from broker.scheduler import run_cycle
+from broker.money.ledger import Use, charge_instance, reserve_plan
 from broker.store.budgets import Budget, with_budgets
 from broker.store.budgets_memory import MemoryBudgets
-from policies.budget import LAUNCHERS
+from policies.burst.budget import LAUNCHERS
 from policies.registry import PolicySet
 from tests.builders import node
 from tests.unit.test_burst import offer
@@ -89,9 +90,9 @@ def test_the_launchers_charges_stay_within_what_was_reserved_for_them() -> None:
 
 
 def test_a_job_a_cap_keeps_back_does_not_keep_an_idle_machine_up() -> None:
-    # no pending job keeps an idle machine up (broker/lifecycle.py scale_down), so one a hard
+    # no pending job keeps an idle machine up (broker/cloud/lifecycle.py scale_down), so one a hard
     # cap keeps from bursting costs the machine's launchers no idle time past the timeout
-    from broker.lifecycle import NodeUse, Verdict, scale_down
+    from broker.cloud.lifecycle import NodeUse, Verdict, scale_down
 
     idle = NodeUse(4, 0, NOW - 300, NOW - 300, NOW - 600, True)
     assert scale_down(NOW, idle, 300.0, lambda: True)[0] is Verdict.DRAIN

@@ -1,4 +1,4 @@
-"""Budgets in the simulator (broker/ledger_sim.py): the cycle's budget step, the reservation
+"""Budgets in the simulator (broker/sim/ledger.py): the cycle's budget step, the reservation
 and the ledger run there as in production; ``budget_overruns`` is in the report."""
 
 from __future__ import annotations

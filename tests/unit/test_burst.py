@@ -1,4 +1,4 @@
-"""The burst phase (policies/burst.py, ``sla``): one row per rule, on small snapshots.
+"""The burst phase (policies/burst/sla.py, ``sla``): one row per rule, on small snapshots.
 
 The cluster: node ``a`` with 4 A100s held by ``r`` (normal, limit 20 h: it ends long after
 every SLA below). Offers boot in 60 s unless a row says otherwise; the decision margin is 300 s.
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from broker.cycle.plan import Plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Instance, InstanceState, Job, Offer
 from broker.model.cloud import Market
-from broker.plan import Plan
-from broker.scheduler import run_cycle
 from policies.registry import PolicySet
 from tests.builders import node
 from tests.unit.test_preemption import NOW, pending, running, snap
@@ -217,7 +217,7 @@ def test_preempt_or_burst_cheaper_bursts_when_victims_lose_much() -> None:
 
 
 def test_a_spot_offer_without_a_rate_takes_the_catalogs_median() -> None:
-    from policies.offers import CostModel
+    from policies.burst.offers import CostModel
     from providers.catalog import DEFAULT_INTERRUPTION_RATE
 
     bare = replace(SPOT, extra={"boot_s": 60.0})
@@ -231,7 +231,7 @@ def test_a_job_a_spot_interruption_sent_back_takes_spot_again_at_once() -> None:
     for it meanwhile); a job preempted on-prem for another reason waits for its decision
     time."""
     from broker.model.job import HistoryEntry
-    from broker.state import EvictionKind, JobState
+    from broker.model.state import EvictionKind, JobState
 
     def back(kind: EvictionKind) -> Job:
         j = late(left=5000)

@@ -1,4 +1,4 @@
-"""Bringing a job home from a rented machine to idle on-prem GPUs (policies/burst_home.py):
+"""Bringing a job home from a rented machine to idle on-prem GPUs (policies/burst/home.py):
 the decision, table-driven, through the cycle, and in the simulator (its machine drains at
 once, the job restarts on-prem, the bill falls)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from broker.model import Instance, InstanceState
-from broker.state import LEAVES_MACHINE, RESUMES_FIRST, EvictionKind
-from policies.burst_home import home_gain
+from broker.model.state import LEAVES_MACHINE, RESUMES_FIRST, EvictionKind
+from policies.burst.home import home_gain
 
 OD = 24.48  # 8 x V100 on-demand, $/h
 ON = {"sla": {"home_move": 1, "home_move_headroom_gpus": 0}}
@@ -47,7 +47,7 @@ def test_the_kind_resumes_first_and_its_machine_drains() -> None:
 def _cycle(extra_queue: tuple[Any, ...] = (), onprem_busy: bool = False,
            settings: Any = ON, checkpoint: str | None = "/ckpt", policies: Any = None,
            **kw: Any) -> Any:
-    from broker.scheduler import run_cycle
+    from broker.cycle.scheduler import run_cycle
     from policies.registry import PolicySet
     from tests.builders import node
     from tests.unit.test_burst import OD as OD1
@@ -120,7 +120,7 @@ def test_home_moves_leave_free_the_gpus_of_jobs_held_for_cleaner_power() -> None
     """A flexible job waiting for a clean window (pending, not blocked) has the idle on-prem
     GPUs to itself: a long job from the cloud would hold them for days (the 14-day carbon runs
     lost `low` SLAs and a deadline that way, docs/carbon.md)."""
-    from broker.config import DEFAULT_CLASSES
+    from broker.config.core import DEFAULT_CLASSES
     from broker.model import PriorityClass, Site
     from policies.registry import PolicySet
     from tests.unit.test_preemption import NOW, pending

@@ -1,4 +1,4 @@
-"""What a job that may burst is told while it waits (policies/burst_outlook.py): one row per
+"""What a job that may burst is told while it waits (policies/burst/outlook.py): one row per
 case, on the small snapshots of tests/unit/test_burst.py (node ``a``, 4 A100s held by ``r``
 until long after every SLA; offers boot in 60 s unless a row says otherwise; margin 300 s)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from broker.client import Explanation
 from broker.model import BurstOutlook, Job
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.unit.test_burst import NOW, OD, H, cycle, late, offer
 from tests.unit.test_preemption import running
 
@@ -153,7 +153,7 @@ def test_the_explain_panel_rows(burst: BurstOutlook, rows: list[tuple[str, str]]
 def test_what_is_kept_across_cycles_follows_the_offers() -> None:
     """The offer a waiting job is told (kept across cycles in the scheduler's Memory) is the
     one a fresh cycle names, and changes when the offers do."""
-    from broker.scheduler import run_cycle
+    from broker.cycle.scheduler import run_cycle
     from policies.cycle import Memory
     from tests.builders import node
     from tests.unit.test_burst import SLA
@@ -180,7 +180,7 @@ def test_a_reason_told_again_is_what_a_fresh_cycle_says() -> None:
     """A waiting job is told last cycle's reason again (the very object, which a store need
     not write again) only while its sentence would be the same: here the outlook stays, but
     its on-prem start comes within 12 hours, and is then shown without its day."""
-    from broker.scheduler import run_cycle
+    from broker.cycle.scheduler import run_cycle
     from policies.cycle import Memory
     from tests.builders import node
     from tests.unit.test_burst import SLA

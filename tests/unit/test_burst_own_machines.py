@@ -1,5 +1,5 @@
-"""A cloud machine rented for jobs serves them first (policies/offers.py ``booting_bins`` and
-``take_booting``, policies/queue.py ``own_machines_first``).
+"""A cloud machine rented for jobs serves them first (policies/burst/offers.py ``booting_bins`` and
+``take_booting``, policies/place/queue.py ``own_machines_first``).
 
 Before, a machine launched for a job went to whichever job came first in the queue: while it
 booted, a job ahead counted on it (the job it was launched for rented again, every cycle),
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from broker.cycle.plan import Plan
 from broker.model import Instance, InstanceState, Job
-from broker.plan import Plan
 from tests.builders import node
 from tests.unit.test_burst import OD, SPOT, cycle, late, launched, offer
 from tests.unit.test_preemption import NOW

@@ -1,4 +1,4 @@
-"""Moving a job from on-demand to spot (policies/burst_spot_move.py): the decision, table-driven,
+"""Moving a job from on-demand to spot (policies/burst/spot_move.py): the decision, table-driven,
 and the scale-down rule's part (its on-demand machine drains at once)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from broker.lifecycle import NodeUse, Verdict, scale_down
-from broker.state import RESUMES_FIRST, EvictionKind
-from policies.burst_spot_move import move_gain
+from broker.cloud.lifecycle import NodeUse, Verdict, scale_down
+from broker.model.state import RESUMES_FIRST, EvictionKind
+from policies.burst.spot_move import move_gain
 
 OD, SPOT = 24.48, 7.344  # 8 x V100, on-demand and spot, $/h
 ON = {"sla": {"spot_move": 1}}
@@ -50,8 +50,8 @@ def test_its_on_demand_machine_drains_at_once_and_the_job_resumes_first() -> Non
 
 
 def test_through_the_cycle_launch_spot_then_move_when_it_is_up() -> None:
+    from broker.cycle.scheduler import run_cycle
     from broker.model import Instance, InstanceState
-    from broker.scheduler import run_cycle
     from policies.registry import PolicySet
     from tests.builders import node
     from tests.unit.test_burst import OD as OD1
@@ -97,8 +97,8 @@ def test_through_the_cycle_launch_spot_then_move_when_it_is_up() -> None:
 
 
 def test_a_gang_moves_with_one_spot_machine_a_node() -> None:
+    from broker.cycle.scheduler import run_cycle
     from broker.model import Instance, InstanceState
-    from broker.scheduler import run_cycle
     from policies.registry import PolicySet
     from tests.builders import node
     from tests.unit.test_burst import OD as OD1

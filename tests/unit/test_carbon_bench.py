@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.carbon_bench import Setup, deadline_of, run, scenario_jobs
+from broker.bench.carbon import Setup, deadline_of, run, scenario_jobs
 from broker.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "carbon_letswaitawhile_2020"

@@ -1,5 +1,5 @@
-"""Deferrable work on the GPUs that spend the least energy on it (policies/carbon_place.py) and
-pausing plans cut to the forecast's horizon (policies/carbon_wait.py ``within_forecast``)."""
+"""Deferrable work on the GPUs that spend the least energy on it (policies/carbon/place.py) and
+pausing plans cut to the forecast's horizon (policies/carbon/wait.py ``within_forecast``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from broker.config import DEFAULT_CLASSES
+from broker.config.core import DEFAULT_CLASSES
+from broker.cycle.scheduler import run_cycle
 from broker.model import PriorityClass, Site
-from broker.scheduler import run_cycle
-from broker.state import EvictionKind
-from policies.carbon_place import energy_per_work, greenest_first
-from policies.carbon_wait import within_forecast
+from broker.model.state import EvictionKind
+from policies.carbon.place import energy_per_work, greenest_first
+from policies.carbon.wait import within_forecast
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 from tests.unit.test_carbon_wait import order_cycle
@@ -144,7 +144,7 @@ SLACK_ROWS: dict[str, tuple[float, float | None, float | None, float, bool]] = {
 @pytest.mark.parametrize("name", SLACK_ROWS)
 def test_out_of_slack(name: str) -> None:
     from broker.model import Attempt
-    from policies.carbon_wait import out_of_slack
+    from policies.carbon.wait import out_of_slack
     from policies.cycle import Memory
 
     waited, ran, deadline, limit, want = SLACK_ROWS[name]
@@ -187,8 +187,8 @@ ORDER_ROWS: dict[str, tuple[float, bool, float, list[str]]] = {
 
 @pytest.mark.parametrize("name", ORDER_ROWS)
 def test_the_carbon_order(name: str) -> None:
-    from broker.plan import Reservation
-    from policies.carbon_wait import spillway_carbon
+    from broker.cycle.plan import Reservation
+    from policies.carbon.wait import spillway_carbon
 
     now, held, waited, want = ORDER_ROWS[name]
     a = job("a", 1, submitted=now - waited * H, priority="flex", time_limit=2 * H)
@@ -209,8 +209,8 @@ def test_the_carbon_order(name: str) -> None:
 def test_the_jobs_out_of_slack_go_soonest_due_first() -> None:
     """Two flexible jobs out of slack: spillway's order puts the older first; the carbon
     order puts first the one that must start sooner (its deadline less its limit)."""
-    from policies.carbon_wait import must_start_by, spillway_carbon
-    from policies.ordering import spillway
+    from policies.carbon.wait import must_start_by, spillway_carbon
+    from policies.order.orderings import spillway
 
     now = 100 * H
     old = job("old", 4, submitted=now - 13 * H, priority="flex", time_limit=2 * H)
@@ -240,7 +240,7 @@ GUARD_ROWS: dict[str, tuple[str, float, float, str]] = {
 @pytest.mark.parametrize("name", GUARD_ROWS)
 def test_a_job_out_of_slack_behind_the_head_keeps_the_gpus_it_needs(name: str) -> None:
     from broker.model import Allocation
-    from broker.state import JobState
+    from broker.model.state import JobState
     from tests.builders import job as make
 
     reserve, waited, limit, want = GUARD_ROWS[name]

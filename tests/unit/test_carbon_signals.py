@@ -1,4 +1,4 @@
-"""Carbon signals in snapshots (broker/carbon_signals.py): what a scheduler's and the
+"""Carbon signals in snapshots (broker/energy/carbon_signals.py): what a scheduler's and the
 simulator's snapshots carry, the refresh period, failures, and the background fetch."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.carbon_signals import CarbonSignals, from_config
-from broker.config import Config
-from broker.energy_settings import parse_carbon, parse_energy
+from broker.config.core import Config
+from broker.config.energy import parse_carbon, parse_energy
+from broker.cycle.plan import Snapshot
+from broker.cycle.snapshots import SnapshotBuilder
+from broker.energy.carbon_signals import CarbonSignals, from_config
 from broker.model import Gpu, Node, NodeState
-from broker.plan import Snapshot
-from broker.snapshots import SnapshotBuilder
 from broker.store.memory import MemoryStore
 from providers.carbon.base import CarbonError
 from providers.carbon.csv import SHIPPED_2022, CsvCarbonSource, Series
@@ -154,8 +154,8 @@ def SHIPPED_SOURCE() -> CsvCarbonSource:
 
 
 def test_the_simulator_feeds_the_same_signals() -> None:
-    from broker.energy_sim import SimEnergy
     from broker.sim.carbon_metrics import sim_signals
+    from broker.sim.energy import SimEnergy
 
     energy = SimEnergy.for_trace(T0)
     sig = sim_signals(energy, None)

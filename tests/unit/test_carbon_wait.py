@@ -1,4 +1,4 @@
-"""Carbon waits decided before placement (policies/carbon_wait.py): who waits, until when, and
+"""Carbon waits decided before placement (policies/carbon/wait.py): who waits, until when, and
 that the GPUs a waiting job leaves go to the job behind it in the same cycle."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import DEFAULT_CLASSES
+from broker.config.core import DEFAULT_CLASSES
+from broker.cycle.plan import Plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import PriorityClass, Site
-from broker.plan import Plan
-from broker.scheduler import run_cycle
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 
@@ -91,7 +91,7 @@ def test_at_the_window_it_starts_and_a_flat_forecast_never_waits() -> None:
                                             (7 * H, ["crit", "a", "b"])])  # clean: a leads
 def test_the_carbon_order_gives_the_clean_hours_to_deferrable_work(
         now: float, first: list[str]) -> None:
-    from policies.carbon_wait import spillway_carbon
+    from policies.carbon.wait import spillway_carbon
 
     a = job("a", 1, submitted=NOW, priority="flex", time_limit=2 * H)
     b = job("b", 1, submitted=NOW + 1, priority="normal", time_limit=2 * H)
@@ -128,7 +128,7 @@ def test_simulated_deadlines(factor: float, cls: Any, want: float | None) -> Non
 ])
 def test_a_running_job_pauses_through_a_dirty_peak(pause: int, deadline: float,
                                                    paused: bool) -> None:
-    from broker.state import EvictionKind
+    from broker.model.state import EvictionKind
     from tests.unit.test_preemption import running
 
     r = running("r", 1, on="n", started=NOW - H, priority="low", time_limit=4 * H,

@@ -17,14 +17,14 @@ import pytest
 
 from broker.api import auth
 from broker.client import Client
-from broker.config import DEFAULT_CLASSES, Config, PriorityClass, Team, load_config
+from broker.config.core import DEFAULT_CLASSES, Config, PriorityClass, Team, load_config
+from broker.cycle.plan import Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.errors import ConfigError, SpecError
 from broker.model import Allocation, Job, JobSpec
 from broker.model.classes import may_submit
-from broker.plan import Snapshot
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from broker.tokens import Refused, TokenRecord, TokenStore
+from broker.model.state import JobState
+from broker.security.tokens import Refused, TokenRecord, TokenStore
 from policies.registry import PolicySet
 from tests.asgi import call
 from tests.builders import node

@@ -110,8 +110,8 @@ def test_submit_then_read_everything_as_json(url: str, tmp_path: Path) -> None:
 def test_explain_shows_the_reason_and_position_the_last_cycle_recorded(url: str) -> None:
     import time
 
+    from broker.cycle.plan import Plan
     from broker.model import Reason
-    from broker.plan import Plan
     from broker.store import RedisStore
 
     first, second = (cli("submit", "--gpus", "1", "true", url=url)[1].strip() for _ in range(2))
@@ -270,8 +270,8 @@ def test_drain_and_resume_a_node(url: str) -> None:
 def test_status_shows_leader_nodes_queue_running_and_cloud(url: str) -> None:
     import time
 
+    from broker.cycle.plan import Plan, Start
     from broker.model import Allocation, Gpu, JobSpec, Node, NodeState
-    from broker.plan import Plan, Start
     from broker.store import open_store
 
     store = open_store(url)

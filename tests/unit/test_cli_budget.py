@@ -13,14 +13,14 @@ from typing import cast
 
 import pytest
 
-from broker.actuator import apply_plan
-from broker.cloud_settings import parse_providers
-from broker.config import Config
-from broker.ledger import accrue_store
+from broker.bus.runtime import Runtime
+from broker.config.core import Config
+from broker.config.providers import parse_providers
+from broker.cycle.actuator import apply_plan
+from broker.cycle.scheduler import run_cycle
+from broker.cycle.snapshots import SnapshotBuilder
 from broker.model import InstanceState, JobSpec, Market, Offer
-from broker.runtime import Runtime
-from broker.scheduler import run_cycle
-from broker.snapshots import SnapshotBuilder
+from broker.money.ledger import accrue_store
 from broker.store import open_store
 from broker.store.budgets import budget_book
 from policies.registry import PolicySet

@@ -28,17 +28,18 @@ from broker.cli.root import app
 # What no command here may import (top-level packages, and broker.sim / policies / reports)
 NEVER = ("boto3", "botocore", "google.cloud", "googleapiclient", "libcloud", "fastapi",
          "uvicorn", "starlette", "matplotlib", "numpy", "pandas", "scipy", "celery", "kombu",
-         "broker.sim", "broker.api", "broker.report", "policies", "providers.catalog",
+         "broker.sim", "broker.api", "broker.money.report", "policies", "providers.catalog",
          "providers.aws", "providers.gcp", "providers.libcloud", "workers")
 # ... and what --help may not import either: it reads no store and no configuration
-NOT_FOR_HELP = ("redis", "pydantic", "yaml", "broker.model", "broker.config", "broker.client",
-                "broker.store")
+NOT_FOR_HELP = ("redis", "pydantic", "yaml", "broker.model.spec", "broker.model.job",
+                "broker.model.node", "broker.model.cloud", "broker.model.classes",
+                "broker.config.core", "broker.client", "broker.store")
 
 # ... nor what the reading commands leave for later (see the module's docstring)
-LATER = ("broker.energy_settings", "broker.energy", "broker.energy_prices",
-         "broker.cloud_settings", "broker.store.memory", "broker.store.budgets",
+LATER = ("broker.config.energy", "broker.energy.model", "broker.energy.prices",
+         "broker.config.providers", "broker.store.memory", "broker.store.budgets",
          "broker.store.transitions", "broker.store.instances", "broker.store.boots",
-         "broker.store.nodes", "broker.store.reports", "broker.store.events", "broker.plan",
+         "broker.store.nodes", "broker.store.reports", "broker.store.events", "broker.cycle.plan",
          "pydantic.type_adapter", "typer._adapters")
 
 # Run a command in this process as `spillway ARGS` would, then print the modules loaded (and
@@ -111,7 +112,7 @@ def test_a_command_s_help_loads_its_module_only(tmp_path: Path) -> None:
     code, modules, _ = loaded(["--redis-url", UNREACHABLE, "bench", "--help"], tmp_path)
     assert code == 0
     assert "broker.cli.bench" in modules
-    assert "broker.cli.jobs" not in modules and "broker.bench" not in modules
+    assert "broker.cli.jobs" not in modules and "broker.bench.suite" not in modules
 
 
 def test_an_unknown_command_loads_every_module_for_its_suggestion(tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_the_command_named_past_the_root_options(args: list[str], name: str | No
 def test_the_default_configuration_passes_the_policy_check() -> None:
     """The CLI skips check_config (and the policies' imports) for a configuration with the
     default bundle and no bundles or policy settings of its own: that must always pass."""
-    from broker.config import Config, load_config
+    from broker.config.core import Config, load_config
     from policies.registry import BUNDLES
     from policies.settings import check_config
 
@@ -213,8 +214,8 @@ def test_only_the_reading_commands_leave_the_collector_off(args: list[str], brie
 def test_the_deferred_configuration_fields_are_made_when_read() -> None:
     from dataclasses import replace
 
-    from broker.config import Config, load_config
-    from broker.energy_settings import CarbonSettings, EnergySettings, SiteEnergy
+    from broker.config.core import Config, load_config
+    from broker.config.energy import CarbonSettings, EnergySettings, SiteEnergy
 
     cfg = load_config(env={"SPILLWAY_GRACE_S": "5"})
     assert "energy" not in cfg.__dict__ or cfg.__dict__["energy"] is None  # (not made yet)

@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli import app
-from broker.ledger import accrue_store
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, Instance, InstanceState, JobSpec, Node
-from broker.plan import Plan, Start
+from broker.money.ledger import accrue_store
 from broker.store import open_store
 from broker.store.base import BaseStore
 from broker.store.budgets import Budget, Part, budget_book
@@ -202,8 +202,8 @@ def test_emissions_from_a_csv_carbon_source(url: str, tmp_path: Path) -> None:
     """With a CSV source (the shipped 2022 series moved onto 2026) the on-prem run's
     emissions follow the hourly series of its zone; a zone the series lack (DE, the AWS
     machine's) falls back to its yearly average, and the report says so."""
-    from broker.energy import EnergyModel
-    from broker.energy_settings import CarbonSettings, build_source
+    from broker.config.energy import CarbonSettings, build_source
+    from broker.energy.model import EnergyModel
     from providers.carbon.base import integrate
     from providers.carbon.csv import SHIPPED_2022
 

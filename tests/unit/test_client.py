@@ -17,14 +17,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from broker.bus.commands import DIRTY, WAKE
 from broker.client import Client, JobTimeout
-from broker.commands import DIRTY, WAKE
-from broker.config import Config
-from broker.control import one_cycle
+from broker.config.core import Config
+from broker.control.loop import one_cycle
+from broker.cycle.plan import Plan, Reservation
 from broker.errors import ConfigError, JobNotFound, SpecError
 from broker.model import Gpu, JobSpec, Node, Reason
-from broker.plan import Plan, Reservation
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store.events import Exited, Started
 from tests.conftest import with_db
 
@@ -278,7 +278,7 @@ def test_explain_reads_the_position_the_last_cycle_recorded(client: Client) -> N
 
 
 def test_explain_reads_the_burst_outlook_the_last_cycle_recorded(client: Client) -> None:
-    """A reason's burst outlook (policies/burst_outlook.py) goes through Redis and back as
+    """A reason's burst outlook (policies/burst/outlook.py) goes through Redis and back as
     data: the client, its JSON and the CLI show it; a reason without one has none."""
     from broker.model import BurstOutlook
 

@@ -1,4 +1,4 @@
-"""broker.commands (every Celery message, by name) and the actuator's refusal of cloud work
+"""broker.bus.commands (every Celery message, by name) and the actuator's refusal of cloud work
 when no provider is configured. Messages go to a recorder; the store is in memory, except
 for the cycle trigger, which coalesces through real Redis keys."""
 
@@ -12,14 +12,14 @@ import pytest
 import redis
 from celery import Celery
 
-from broker import commands
-from broker.actuator import NoProvisioner, apply_plan
-from broker.config import Config
+from broker.bus import commands
+from broker.bus.runtime import Runtime
+from broker.config.core import Config
+from broker.cycle.actuator import NoProvisioner, apply_plan
+from broker.cycle.plan import Launch, Plan, Start, Terminate
 from broker.errors import ConfigError
 from broker.model import Allocation, Gpu, JobSpec, Node, Reason
-from broker.plan import Launch, Plan, Start, Terminate
-from broker.runtime import Runtime
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store import MemoryStore
 from tests.builders import job
 from tests.conftest import with_db

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli import app
-from broker.config import Config, load_config
+from broker.config.core import Config, load_config
 from broker.errors import ConfigError, SpecError
 from broker.model import JobSpec
 from tests.conftest import cli_env
@@ -66,7 +66,7 @@ def test_an_unknown_key_without_a_close_one_lists_the_allowed_keys(tmp_path: Pat
 def test_every_config_field_is_checked(tmp_path: Path) -> None:
     from dataclasses import fields
 
-    from broker.config import CONFIG_KEYS, _Model
+    from broker.config.core import CONFIG_KEYS, _Model
     assert set(_Model.model_fields) == set(CONFIG_KEYS) == {f.name for f in fields(Config)} - {
         "extra"}
     with pytest.raises(ConfigError, match=r"^config 1: not a setting; allowed: redis_url"):
@@ -102,7 +102,7 @@ def test_good_values_and_other_spillway_variables_pass(tmp_path: Path) -> None:
                     "SPILLWAY_LEASE_TTL_S": "9"})
     assert (cfg.grace_s, cfg.metrics_port, cfg.redis_url, cfg.max_attempts) == (0.0, 0, None, 3)
     assert cfg.lease_ttl_s == 9.0 and isinstance(cfg.max_attempts, int)
-    aws = cfg.providers["aws"]  # (checked: broker/cloud_settings.py)
+    aws = cfg.providers["aws"]  # (checked: broker/config/providers.py)
     assert (aws.kind, dict(aws.options), aws.boot_timeout_s) == ("aws", {"regions": ["us-east-1"]},
                                                                  600.0) and cfg.extra == {}
     assert load_config(env={}).providers == {}

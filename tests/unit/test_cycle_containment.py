@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
-import policies.budget
-import policies.burst
-import policies.defer
-import policies.ordering
-import policies.priority
+import policies.burst.budget
+import policies.burst.sla
+import policies.carbon.defer
+import policies.evict.priority
+import policies.order.orderings
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import MAX_PASSES, run_cycle
 from broker.errors import CycleFailed
 from broker.model import Allocation, Job
-from broker.plan import Plan, Snapshot
-from broker.scheduler import MAX_PASSES, run_cycle
 from policies import registry
-from policies.backfill import Easy
-from policies.placement import BestFit
+from policies.place.backfill import Easy
+from policies.place.placement import BestFit
 from policies.registry import BUNDLES, PolicySet
 from tests.builders import node
 from tests.unit.test_burst import OD, SPOT, late
@@ -116,7 +116,8 @@ def _rows() -> dict[str, tuple[PolicySet, Callable[[pytest.MonkeyPatch, Any], No
     green = replace(idle, carbon_forecast={"Z": ((NOW, 100.0),)})
     return {
         "order": (BUNDLES["spillway"], lambda mp, add: mp.setattr(
-            policies.ordering, "order_size", breaking(policies.ordering.order_size, 0)), idle),
+            policies.order.orderings, "order_size",
+            breaking(policies.order.orderings.order_size, 0)), idle),
         "admit": (PolicySet(admit="t-admit", name="t"), lambda mp, add: add(
             "admit", "t-admit", _bad_admit), idle),
         "place": (PolicySet(place="t-place", name="t"), lambda mp, add: add(
@@ -126,14 +127,16 @@ def _rows() -> dict[str, tuple[PolicySet, Callable[[pytest.MonkeyPatch, Any], No
         "estimate": (PolicySet(estimate="t-estimate", name="t"), lambda mp, add: add(
             "estimate", "t-estimate", _bad_estimate), idle),
         "evict": (PolicySet(name="t"), lambda mp, add: mp.setattr(
-            policies.priority, "choose", breaking(policies.priority.choose, 0)), preempt),
+            policies.evict.priority, "choose", breaking(policies.evict.priority.choose, 0)),
+            preempt),
         "burst": (PolicySet(burst="sla", name="t"), lambda mp, add: mp.setattr(
-            policies.burst, "_decide", breaking(policies.burst._decide)), burst),
+            policies.burst.sla, "_decide", breaking(policies.burst.sla._decide)), burst),
         "budget": (PolicySet(burst="sla", name="t"), lambda mp, add: mp.setattr(
-            policies.budget, "_within_max_price", breaking(policies.budget._within_max_price)),
+            policies.burst.budget, "_within_max_price",
+            breaking(policies.burst.budget._within_max_price)),
             budget),
         "defer": (PolicySet(defer="carbon", name="t"), lambda mp, add: mp.setattr(
-            policies.defer, "decide", breaking(policies.defer.decide)), green),
+            policies.carbon.defer, "decide", breaking(policies.carbon.defer.decide)), green),
     }
 
 
@@ -188,7 +191,7 @@ def test_many_jobs_failing_the_order_are_all_set_aside_in_one_cycle(
     with such a bug, each of them is set aside and the GPU jobs are still scheduled."""
     def size(job: Job) -> int:
         return 1 // job.res.total_gpus  # ZeroDivisionError for a CPU-only job
-    monkeypatch.setattr(policies.ordering, "order_size", size)
+    monkeypatch.setattr(policies.order.orderings, "order_size", size)
     queue = [pending(f"c{i}", 0, priority="normal", cpus=1.0) for i in range(5)] + \
         [pending("g", 1, priority="normal")]
     plan = run_cycle(snap([_host()], queue, []), BUNDLES["spillway"], NOW)
@@ -199,8 +202,8 @@ def test_many_jobs_failing_the_order_are_all_set_aside_in_one_cycle(
 
 
 def test_a_lone_job_the_order_fails_on_is_set_aside(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(policies.ordering, "order_size",
-                        breaking(policies.ordering.order_size, 0))
+    monkeypatch.setattr(policies.order.orderings, "order_size",
+                        breaking(policies.order.orderings.order_size, 0))
     plan = run_cycle(snap([_host()], [pending(BAD, 1)], []), BUNDLES["spillway"], NOW)
     assert list(plan.set_aside) == [BAD] and not plan.starts
 
@@ -248,6 +251,6 @@ def test_a_failure_on_a_different_job_in_every_pass_fails_the_cycle(
 def test_a_base_exception_is_never_contained(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(job: Job) -> int:
         raise KeyboardInterrupt
-    monkeypatch.setattr(policies.ordering, "order_size", interrupted)
+    monkeypatch.setattr(policies.order.orderings, "order_size", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_cycle(snap([_host()], _queue(), []), BUNDLES["spillway"], NOW)

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import redis
 
-import policies.ordering
-from broker import metrics
-from broker.config import Config
-from broker.leader import Leader
-from broker.metrics import SchedulerMetrics
+import policies.order.orderings
+from broker.bus.runtime import Runtime
+from broker.config.core import Config
+from broker.control.leader import Leader
+from broker.cycle.plan import Plan, SetAside
+from broker.metrics import series as metrics
+from broker.metrics.series import SchedulerMetrics
 from broker.model import Gpu, Job, JobSpec, Node, Reason
-from broker.plan import Plan, SetAside
-from broker.runtime import Runtime
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store.memory import MemoryStore
 from policies import registry
 from tests.conftest import cli_env, run_cli, with_db
@@ -105,13 +105,13 @@ def test_a_cpu_only_job_starts_and_no_cycle_fails(rt: Runtime,
 
 def test_a_job_a_policy_fails_on_is_set_aside_and_shown(
         rt: Runtime, leading: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
-    size = policies.ordering.order_size
+    size = policies.order.orderings.order_size
 
     def broken(job: Job) -> int:
         if job.spec.name == "odd":
             raise ArithmeticError("no size for odd")
         return size(job)
-    monkeypatch.setattr(policies.ordering, "order_size", broken)
+    monkeypatch.setattr(policies.order.orderings, "order_size", broken)
     _node(rt)
     odd, ok = _submit(rt, "odd", 1), _submit(rt, "ok", 1)
     leading()

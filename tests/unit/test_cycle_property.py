@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import broker.sim.carbon_metrics  # noqa: F401  (declares the cluster files' sim_deadlines)
-from broker import carbon_sim
-from broker.config import DEFAULT_CLASSES
+from broker.bench import carbon_sim
+from broker.config.core import DEFAULT_CLASSES
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Instance, InstanceState, Job, JobSpec, Node, Offer, Site
 from broker.model.cloud import Market
 from broker.model.spec import SITES
-from broker.plan import Plan, Snapshot
-from broker.scheduler import run_cycle
+from broker.model.state import JobState
 from broker.sim.cluster import load_cluster, shipped_clusters
-from broker.state import JobState
 from policies.registry import BUNDLES, PolicySet
 from tests.builders import node
 

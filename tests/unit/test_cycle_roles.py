@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from broker.cycle.plan import Launch
+from broker.cycle.scheduler import run_cycle
 from broker.errors import ConfigError
 from broker.model import Offer
 from broker.model.cloud import Market
-from broker.plan import Launch
-from broker.scheduler import run_cycle
 from broker.sim.cluster import cluster_from_data
 from broker.sim.engine import Simulation
 from policies.cycle import Cycle
@@ -60,13 +60,13 @@ def test_a_bundle_built_from_a_mapping(raw: dict[str, object], error: str | None
             PolicySet.from_mapping("mine", raw)
 
 
-NAME_BRANCHES = ("policies.order", "policies.place", "policies.reserve", "policies.evict",
+NAME_BRANCHES = ("policies.order", "policies.place", "policies.reserve", "policies.evict.base",
                  "policy.order", "policy.place", "policy.reserve", "policy.evict",
                  "policies.name", "policy.name")
 
 
-@pytest.mark.parametrize("path", ["broker/scheduler.py", "broker/sim/engine.py",
-                                  "policies/queue.py"])
+@pytest.mark.parametrize("path", ["broker/cycle/scheduler.py", "broker/sim/engine.py",
+                                  "policies/place/queue.py"])
 def test_no_policy_name_is_compared_in_the_cycle_or_the_simulator(path: str) -> None:
     tree = ast.parse((ROOT / path).read_text())
     for n in ast.walk(tree):
@@ -152,7 +152,7 @@ def test_a_bad_bundle_in_a_cluster_file_says_what(raw: object, error: str) -> No
 
 
 def test_the_configuration_selects_a_bundle_it_builds(tmp_path: Path) -> None:
-    from broker.config import load_config
+    from broker.config.core import load_config
     from policies.settings import check_config
 
     path = tmp_path / "spillway.yaml"

@@ -1,5 +1,5 @@
-"""The deadline rule in the cluster (policies/deadline_burst.py), fed by the spot signals
-(broker/spot_signals.py), through the simulator (broker/deadline_sim.py): one job with a
+"""The deadline rule in the cluster (policies/burst/deadline.py), fed by the spot signals
+(broker/cloud/spot_signals.py), through the simulator (broker/bench/deadline_sim.py): one job with a
 deadline on a one-job cluster, against the standalone replay of the same rule."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.deadline_bench import Setup, load, ours, replay
-from broker.deadline_sim import one
+from broker.bench.deadline import Setup, load, ours, replay
+from broker.bench.deadline_sim import one
+from broker.cloud.spot_signals import Feed, SpotSignals
+from broker.cycle.plan import Snapshot
 from broker.model import Market, Offer
-from broker.plan import Snapshot
-from broker.spot_signals import Feed, SpotSignals
-from policies.spot_deadline import DeadlineRule
+from policies.burst.spot_deadline import DeadlineRule
 
 TRACES = Path(__file__).resolve().parents[3] / "shared/data/spot_availability_cantbelate" \
     / "availability/1-node"

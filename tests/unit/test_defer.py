@@ -6,19 +6,19 @@ from dataclasses import replace
 
 import pytest
 
-from broker.config import DEFAULT_CLASSES, parse_classes
+from broker.config.core import DEFAULT_CLASSES, parse_classes
+from broker.cycle.scheduler import run_cycle
 from broker.errors import ConfigError
 from broker.model import Allocation, Attempt, PriorityClass, Site
-from broker.scheduler import run_cycle
-from broker.state import EvictionKind, JobState
-from policies.carbon_window import (
+from broker.model.state import EvictionKind, JobState
+from policies.carbon.defer import plan
+from policies.carbon.window import (
     cleanest_slots,
     cleanest_start,
     runs_of,
     slot_means,
     smoothed,
 )
-from policies.defer import plan
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 

@@ -1,4 +1,4 @@
-"""Defragmentation by checkpoint migration (policies/defrag.py, the cycle's defrag phase).
+"""Defragmentation by checkpoint migration (policies/evict/defrag.py, the cycle's defrag phase).
 
 ``now`` is 10 000 s. Running jobs started at 1 000 s (past the 600 s minimum runtime), are
 checkpointable, normal class, and have a 24 h limit (so the reservation is hours away) unless
@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.plan import Reservation
+from broker.cycle.scheduler import CycleState, run_cycle
 from broker.model import HistoryEntry, Job
-from broker.plan import Reservation
-from broker.scheduler import CycleState, run_cycle
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from policies.registry import PolicySet
 from tests.builders import node
 from tests.unit.test_preemption import evicted, pending, running, snap
@@ -144,9 +144,9 @@ def test_moved_job_lands_and_the_wide_job_starts() -> None:
 
 
 def test_mig_and_cpu_only_jobs_never_move_anything() -> None:
-    from policies.defrag import plan_moves
-    from policies.placement import FreeIndex
-    from policies.preemption import make_victims, victim_key
+    from policies.evict.defrag import plan_moves
+    from policies.evict.preemption import make_victims, victim_key
+    from policies.place.placement import FreeIndex
 
     nodes = [node("a", 4, mig={0: ["3g.40gb", "3g.40gb"]}), node("b", 4)]
     s1 = mover("s1", 2, "b")
@@ -211,7 +211,7 @@ def test_a_moved_job_restarts_first_under_spillways_order() -> None:
     """Requeued after its move, a job goes right after the reservation holder, ahead of the
     jobs that would otherwise take its landing GPUs; a job preempted for another reason does
     not."""
-    from policies.ordering import spillway as spillway_order
+    from policies.order.orderings import spillway as spillway_order
 
     moved = replace(_moving(mover("m", 2, "a")), state=JobState.PENDING, allocations=(),
                     attempt=2, started_at=None, submitted_at=9_000.0)

@@ -15,7 +15,7 @@ from broker.cli import demo as demo_mod
 from broker.cli.demo import CLOUD_WORKLOAD, WORKLOAD, Board, as_ranges, say
 from broker.cli.demo_cloud import Machines, notes
 from broker.model import Allocation, Attempt, Instance, InstanceState, Job, StateChange
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.builders import job
 
 ONPREM = "demo-node"

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import Config
+from broker.config.core import Config
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, JobSpec, Node
-from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
 from tests.unit.test_isolation import wait_for
 from tests.unit.test_isolation_v2 import cgroup2_mount

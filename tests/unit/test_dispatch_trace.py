@@ -47,7 +47,7 @@ def test_the_tracer_loads_and_wraps_the_traced_calls(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    code = ("from broker import commands\n"
+    code = ("from broker.bus import commands\n"
             "class C:\n"
             "    def send_task(self, *a, **k): pass\n"
             "class J:\n"

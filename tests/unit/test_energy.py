@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.energy import EnergyModel, emissions_kg
-from broker.energy_prices import PriceSeries, TimeOfUseTariff
-from broker.energy_settings import build_source, parse_carbon, parse_energy
+from broker.config.energy import build_source, parse_carbon, parse_energy
+from broker.energy.model import EnergyModel, emissions_kg
+from broker.energy.prices import PriceSeries, TimeOfUseTariff
 from broker.errors import ConfigError
 from providers.carbon.csv import SHIPPED_2022, CsvCarbonSource, Series
 from providers.catalog.zones import site_zone
@@ -119,7 +119,7 @@ def test_energy_and_carbon_sections(tmp_path: Path) -> None:
 
 
 def test_the_configuration_file_takes_both_sections(tmp_path: Path) -> None:
-    from broker.config import load_config
+    from broker.config.core import load_config
 
     path = tmp_path / "config.yaml"
     path.write_text("energy:\n  sites:\n    onprem: {carbon_zone: DE, pue: 1.2}\n"

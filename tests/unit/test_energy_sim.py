@@ -7,9 +7,9 @@ import datetime as dt
 
 import pytest
 
-from broker.energy import EnergyModel
-from broker.energy_settings import parse_energy
-from broker.energy_sim import RunPiece, SimEnergy, stand_in
+from broker.config.energy import parse_energy
+from broker.energy.model import EnergyModel
+from broker.sim.energy import RunPiece, SimEnergy, stand_in
 from providers.carbon.csv import CsvCarbonSource, Series
 
 

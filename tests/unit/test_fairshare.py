@@ -1,4 +1,4 @@
-"""Fair share (policies/fairshare.py): Slurm's classic ``F = 2 ** (-U / S)``."""
+"""Fair share (policies/order/fairshare.py): Slurm's classic ``F = 2 ** (-U / S)``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from broker.config import Team
+from broker.config.core import Team
+from broker.cycle.plan import Snapshot
 from broker.model import Allocation, Job
-from broker.plan import Snapshot
-from broker.state import JobState
-from policies.fairshare import fairshare_factors, gpus_in_use, team_usage
+from broker.model.state import JobState
+from policies.order.fairshare import fairshare_factors, gpus_in_use, team_usage
 from tests.builders import job, node, snapshot
 
 NOW = 1000.0

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.client import Client
-from broker.config import Config
+from broker.config.core import Config
+from broker.cycle.feasible import problems
 from broker.errors import SpecError
-from broker.feasible import problems
 from broker.model import Gpu, JobSpec, Node, NodeState, Resources
 from policies.reasons import infeasible
 from tests.conftest import flushed_db

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from broker.config import DEFAULT_CLASSES, Config, load_config
+from broker.config.core import DEFAULT_CLASSES, Config, load_config
+from broker.cycle.feasible import counted, problems
 from broker.errors import ConfigError
-from broker.feasible import counted, problems
 from broker.model import Gpu, JobSpec, Market, Node, NodeState, Offer
 
 NOW = 1_000_000.0

@@ -13,10 +13,10 @@ from broker.errors import ConfigError
 from broker.fidelity.compare import relative_diff, result_of, spearman, world
 from broker.fidelity.diverge import per_job
 from broker.fidelity.scale import inventory_text, real_config, scale_cluster, scale_trace
+from broker.model.state import EvictionKind, JobState
 from broker.sim.cluster import load_cluster
 from broker.sim.engine import Simulation
 from broker.sim.latency import Latencies, LatencySimulation
-from broker.state import EvictionKind, JobState
 from tests.unit.test_sim_engine import MIXED, tiny
 
 

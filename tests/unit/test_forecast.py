@@ -1,4 +1,4 @@
-"""The on-prem start forecast (policies/forecast.py): the one-sweep forecast of a whole queue
+"""The on-prem start forecast (policies/burst/forecast.py): the one-sweep forecast of a whole queue
 (``onprem_starts``, what the burst phase's early spot rule reads) and the kept sweep of the
 burst loop (``QueueForecast``, with jobs leaving the queue as it goes) give every job the same
 start as asking for it alone (``onprem_start``)."""
@@ -9,9 +9,9 @@ import math
 import random
 from typing import Any
 
-from broker.scheduler import run_cycle
+from broker.cycle.scheduler import run_cycle
+from policies.burst.forecast import QueueForecast, onprem_start, onprem_starts
 from policies.cycle import Cycle
-from policies.forecast import QueueForecast, onprem_start, onprem_starts
 from policies.registry import PolicySet, register
 from tests.builders import node
 from tests.unit.test_preemption import NOW, pending, running, snap
@@ -104,7 +104,7 @@ def _asks(cycle: Cycle) -> None:
 
 def test_the_sweep_asks_the_estimate_of_every_job_it_passes() -> None:
     """The predictor keeps a job's estimate for REFRESH runtimes after its first ask
-    (policies/predictor.py), so the jobs a cycle asks about move later estimates and plans.
+    (policies/order/predictor.py), so the jobs a cycle asks about move later estimates and plans.
     The sweeps ask every job of the queue, the last ones too (no job behind them needs
     them), as the one loop per set of kinds did before commit 16bb7f9."""
     nodes = [node("a", 4), node("b", 4, "H100-80GB")]

@@ -18,8 +18,8 @@ from unittest import mock
 
 import pytest
 
-from broker.gpus import KNOWN_MODELS
 from broker.model import Gpu
+from broker.model.gpus import KNOWN_MODELS
 from workers import discovery
 from workers.discovery import (
     discover,

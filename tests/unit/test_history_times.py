@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.cycle.plan import Plan, Preempt, Start
 from broker.model import Allocation, Gpu, Job, JobSpec, Node
-from broker.plan import Plan, Preempt, Start
-from broker.state import TERMINAL, JobState
+from broker.model.state import TERMINAL, JobState
 from broker.store import BaseStore, MemoryStore
 from broker.store.events import Exited, Started, StartFailed
 

@@ -163,15 +163,16 @@ def offenders(importers: Iterable[str], forbidden: Iterable[str]) -> dict[str, l
 
 # Each rule: (name, importers, forbidden).
 RULES = {
-    "workers": (("workers",), ("broker.control", "broker.scheduler", "broker.actuator",
-                               "broker.tasks", "broker.reconciler", "policies")),
-    "client": (("broker.client",), ("broker.actuator", "broker.control", "broker.scheduler",
-                                    "policies")),
-    "commands": (("broker.commands",), ("broker.runtime", "broker.control", "broker.scheduler",
-                                        "broker.store", "broker.actuator", "broker.tasks",
-                                        "broker.reconciler", "policies", "workers")),
+    "workers": (("workers",), ("broker.control", "broker.cycle", "broker.cloud", "broker.money",
+                               "broker.sim", "broker.bench", "policies")),
+    "client": (("broker.client",), ("broker.cycle.actuator", "broker.cycle.scheduler",
+                                    "broker.control", "policies")),
+    "commands": (("broker.bus.commands",), ("broker.bus.runtime", "broker.control",
+                                            "broker.cycle", "broker.store", "broker.cloud",
+                                            "policies", "workers")),
     "vocabulary": (("broker.store", "broker.model", "broker.config"), ("policies",)),
-    "policies": (("policies",), ("broker.store", "broker.actuator", "providers")),
+    "policies": (("policies",), ("broker.store", "broker.cycle.actuator", "broker.control",
+                                 "broker.cloud", "providers")),
 }
 
 

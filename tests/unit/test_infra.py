@@ -16,8 +16,8 @@ import yaml
 from typer.testing import CliRunner
 
 from broker.cli import app
-from broker.config import Config
-from broker.metrics import AgentMetrics, SchedulerMetrics
+from broker.config.core import Config
+from broker.metrics.series import AgentMetrics, SchedulerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -100,7 +100,7 @@ def test_compose_spillway_services_share_the_image_and_the_password_url() -> Non
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
         build = svc["build"]
         assert (COMPOSE.parent / build["context"] / build["dockerfile"]).is_file()
-    assert services["flower"]["entrypoint"][:4] == ["celery", "-A", "broker.app", "flower"]
+    assert services["flower"]["entrypoint"][:4] == ["celery", "-A", "broker.bus.app", "flower"]
 
 
 @pytest.mark.parametrize("service", ["scheduler-1", "scheduler-2", "agent"])

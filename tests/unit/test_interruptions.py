@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from broker.config import Config
-from broker.embedded import free_port
+from broker.config.core import Config
+from broker.control.embedded import free_port
 from broker.model import Instance, InstanceState, Node
-from broker.state import EvictionKind
+from broker.model.state import EvictionKind
 from broker.store import MemoryStore
 from broker.store.instances import block_key
 from broker.store.node_reports import DEFAULT_COOLDOWN_S

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from broker.config import Config, load_config
+from broker.config.core import Config, load_config
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, JobSpec, Node
-from broker.plan import Plan, Start
 from broker.store.memory import MemoryStore
 from workers import cgroupfs, keeper
 from workers.agent import Agent

@@ -1,4 +1,4 @@
-"""The machines' lifecycle decisions (broker/lifecycle.py), table-driven: records, machines
+"""The machines' lifecycle decisions (broker/cloud/lifecycle.py), table-driven: records, machines
 and nodes in; the steps out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from broker.lifecycle import NodeUse, Step, Timeouts, Verdict, decide, scale_down
+from broker.cloud.lifecycle import NodeUse, Step, Timeouts, Verdict, decide, scale_down
 from broker.model import Gpu, Instance, InstanceState, Node, NodeState
 from providers.base import CloudMachine
 

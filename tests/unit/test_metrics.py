@@ -1,4 +1,5 @@
-"""/metrics (broker/metrics.py) scraped over HTTP: the scheduler's after real cycles on a real
+"""/metrics (broker/metrics/series.py) scraped over HTTP: the scheduler's after real cycles on a
+real
 Redis database, the leader's loop, and an agent running real job processes."""
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import metrics
-from broker.config import Config, load_config
-from broker.control import one_cycle
-from broker.leader import Leader
-from broker.metrics import AgentMetrics, SchedulerMetrics, serve, wait_buckets
+from broker.bus.runtime import Runtime
+from broker.config.core import Config, load_config
+from broker.control.leader import Leader
+from broker.control.loop import one_cycle
+from broker.cycle.plan import Plan, Start
+from broker.metrics import series as metrics
+from broker.metrics.series import AgentMetrics, SchedulerMetrics, serve, wait_buckets
 from broker.model import Allocation, Gpu, JobSpec, Node
-from broker.plan import Plan, Start
-from broker.runtime import Runtime
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store.events import Started
 from broker.store.memory import MemoryStore
 from tests.conftest import with_db
@@ -268,9 +269,9 @@ def test_gauges_pass_at_most_every_quarter_second_and_no_breach_is_missed() -> N
     """In a burst cycles come every few ms: the gauges are passed over at most every
     GAUGE_EVERY_S of snapshot time, and a job that passed its SLA between two passes and
     started is counted at its start, once."""
-    from broker.config import DEFAULT_CLASSES
+    from broker.config.core import DEFAULT_CLASSES
+    from broker.cycle.plan import Applied, Snapshot
     from broker.model import Job
-    from broker.plan import Applied, Snapshot
 
     m = SchedulerMetrics(DEFAULT_CLASSES)
     sla = {c.name: c.sla_s for c in DEFAULT_CLASSES}["critical"]

@@ -1,5 +1,5 @@
-"""/metrics behind credentials and TLS (broker/metrics_http.py): real HTTP(S) requests to the
-server broker.metrics.serve starts, and the settings' checks."""
+"""/metrics behind credentials and TLS (broker/metrics/http.py): real HTTP(S) requests to the
+server broker.metrics.series.serve starts, and the settings' checks."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from wsgiref.simple_server import WSGIServer
 
 import pytest
 
-from broker.config import load_config
+from broker.config.core import load_config
 from broker.errors import ConfigError
-from broker.metrics import AgentMetrics, Guard, serve
+from broker.metrics.series import AgentMetrics, Guard, serve
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The cloud series (broker/metrics_cloud.py): what the leader's snapshot says of the rented
+"""The cloud series (broker/metrics/cloud.py): what the leader's snapshot says of the rented
 machines, and what the provisioner counts (launches, failures by reason, boot timeouts,
 orphans found and reaped). tests/integration/test_cloud_metrics.py scrapes them from a real
 scheduler."""
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.cloud_settings import parse_providers
-from broker.config import Config
-from broker.metrics import SchedulerMetrics
-from broker.metrics_cloud import CloudMetrics, instance_gauges
+from broker.bus.runtime import Runtime
+from broker.cloud.provisioner import Provisioner
+from broker.config.core import Config
+from broker.config.providers import parse_providers
+from broker.cycle.plan import Applied, Plan, Snapshot
+from broker.metrics.cloud import CloudMetrics, instance_gauges
+from broker.metrics.series import SchedulerMetrics
 from broker.model import Instance, InstanceState
-from broker.plan import Applied, Plan, Snapshot
-from broker.provisioner import Provisioner
-from broker.runtime import Runtime
 from providers.base import FailOver, Retry, Stop
 from tests.unit.test_provider_local import SLEEPER, Faulty, local, requested
 
@@ -132,7 +132,7 @@ def test_a_boot_timeout_is_a_failure_and_an_orphan_is_found_then_reaped(
 
 def test_a_machine_that_registers_records_its_boot_time(
         prov: tuple[Provisioner, Faulty, dict[str, float]]) -> None:
-    from broker.lifecycle import Step
+    from broker.cloud.lifecycle import Step
 
     p, faulty, clock = prov
     requested(p, "r1", faulty.inner.offer.id)  # at 990

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import load_config
+from broker.config.core import load_config
 from broker.errors import ConfigError, SpecError
-from broker.gpus import canonical_model, normalise_type, parse_inventory, type_matches
 from broker.model import Job, JobSpec, parse_duration, parse_time
-from broker.state import JobState
+from broker.model.gpus import canonical_model, normalise_type, parse_inventory, type_matches
+from broker.model.state import JobState
 
 CFG = load_config(env={})
 

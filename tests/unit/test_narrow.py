@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli import app
+from broker.cycle.plan import Plan
 from broker.model import Reason
-from broker.plan import Plan
 from broker.sim.metrics import summary_table
 from broker.store import RedisStore
 from tests.conftest import flushed_db

@@ -1,5 +1,5 @@
-"""The placement objective (policies/objective.py) and how it ranks cloud offers
-(policies/offers.py ``rank_value``): one row per rule."""
+"""The placement objective (policies/carbon/objective.py) and how it ranks cloud offers
+(policies/burst/offers.py ``rank_value``): one row per rule."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from broker.errors import ConfigError
 from broker.model import Offer
 from broker.model.cloud import Market
-from policies.objective import Objective, expected_kg, mean_intensity, work_hours
-from policies.offers import rank_value
+from policies.burst.offers import rank_value
+from policies.carbon.objective import Objective, expected_kg, mean_intensity, work_hours
 from policies.registry import settings_of
 from policies.settings import check_settings
 from tests.unit.test_preemption import pending
@@ -144,7 +144,7 @@ def test_lateness_prefers_the_faster_boot_once_the_sla_is_lost() -> None:
 
 
 def test_the_burst_phase_ranks_offers_by_the_objective() -> None:
-    from broker.scheduler import run_cycle
+    from broker.cycle.scheduler import run_cycle
     from policies.registry import PolicySet
     from tests.builders import node
     from tests.unit.test_burst import late

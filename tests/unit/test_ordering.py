@@ -1,4 +1,5 @@
-"""Queue orders (policies/ordering.py): fifo, priority-fifo, multifactor (slurm-like), spillway."""
+"""Queue orders (policies/order/orderings.py): fifo, priority-fifo, multifactor (slurm-like),
+spillway."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from broker.config import Team
+from broker.config.core import Team
+from broker.cycle.plan import Reservation, Snapshot
+from broker.cycle.scheduler import CycleState, run_cycle  # also registers the built-in policies
 from broker.model import Job
-from broker.plan import Reservation, Snapshot
-from broker.scheduler import CycleState, run_cycle  # also registers the built-in policies
-from policies.ordering import SLURM_DEFAULTS
+from policies.order.orderings import SLURM_DEFAULTS
 from policies.registry import PolicySet, lookup
 from tests.builders import job, node, snapshot
 
@@ -248,7 +249,7 @@ def test_spillway(jobs: list[Job], kw: dict[str, object], want: list[str]) -> No
 def test_spillway_holder_keeps_the_reservation_through_a_cycle() -> None:
     """The scheduler reserves for the job the order puts first; spillway keeps it there."""
     from broker.model import Allocation
-    from broker.state import JobState
+    from broker.model.state import JobState
 
     r1 = replace(job("r1", 8, state=JobState.RUNNING, time_limit=3600,
                      allocations=(Allocation("a", tuple(f"GPU-a-{i}" for i in range(8))),)),

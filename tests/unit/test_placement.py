@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, NodeState
-from broker.scheduler import run_cycle
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.builders import job, node, snapshot
 
 

@@ -1,4 +1,4 @@
-"""More placement rows, through ``run_cycle`` and ``policies.placement.FreeIndex``.
+"""More placement rows, through ``run_cycle`` and ``policies.place.placement.FreeIndex``.
 
 Memory (``memory_gb``, per node) is accounted across one cycle like GPUs and CPUs; the
 minimum-GPU-memory filter is tested with models whose alphabetical order is the opposite of
@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.plan import Plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Job, Node
-from broker.plan import Plan
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.placement import FreeIndex
+from broker.model.state import JobState
+from policies.place.placement import FreeIndex
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.config import Config, load_config
+from broker.config.core import Config, load_config
 from broker.errors import ConfigError
 from broker.sim.cluster import cluster_from_data
 from broker.sim.engine import Simulation

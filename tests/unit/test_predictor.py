@@ -1,4 +1,4 @@
-"""The runtime predictor (policies/predictor.py): grouped high quantiles, capped at the limit,
+"""The runtime predictor (policies/order/predictor.py): grouped high quantiles, capped at the limit,
 memoised per job; and ``expected_end`` of running jobs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from broker.model import Job
-from policies.predictor import RuntimePredictor, expected_end
+from policies.order.predictor import RuntimePredictor, expected_end
 from tests.builders import job
 
 INF = math.inf

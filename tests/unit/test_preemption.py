@@ -1,4 +1,4 @@
-"""Preemption in the scheduling cycle (broker/scheduler.py, policies/preemption.py).
+"""Preemption in the scheduling cycle (broker/cycle/scheduler.py, policies/evict/preemption.py).
 
 ``now`` is 10 000 s; running jobs started at 1 000 s (9 000 s ago, well past the default
 ``min_runtime_s`` of 600 s) unless a row says otherwise.
@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from broker.config import DEFAULT_CLASSES, PriorityClass, Team
+from broker.config.core import DEFAULT_CLASSES, PriorityClass, Team
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Job
-from broker.plan import Plan, Snapshot
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.preemption import make_victims, victim_key
+from broker.model.state import JobState
+from policies.evict.preemption import make_victims, victim_key
 from tests.builders import job, node, snapshot
 
 NOW = 10_000.0
@@ -236,7 +236,8 @@ def key(j: Job) -> tuple[bool, float, int, float, str]:
     return victim_key(j, RANK[j.priority], NOW, 30.0)
 
 
-ZERO_START_BUG = ("policies/preemption.py victim_key uses `job.started_at or now`, so a job that "
+ZERO_START_BUG = ("policies/evict/preemption.py victim_key uses `job.started_at or now`, so a job "
+                  "that "
                   "started at t=0.0 (the simulator's clock starts at 0) counts as started now: "
                   "no work lost and the youngest; should test `started_at is not None`")
 
@@ -310,7 +311,7 @@ def test_cycle_spares_the_job_that_started_at_time_zero() -> None:
     assert evicted(plan) == {"later"}
 
 
-TIE_BUG = ("policies/preemption.py choose(): nodes of equal cost (victims, work lost) are "
+TIE_BUG = ("policies/evict/preemption.py choose(): nodes of equal cost (victims, work lost) are "
            "ranked by node id (`per_node.sort(key=lambda t: (t[0], t[1]))`), so across nodes "
            "the documented victim order (lower class rank, then youngest, then id) is ignored; "
            "tie-break on the chosen victims' keys before the node id")

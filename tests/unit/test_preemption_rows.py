@@ -1,8 +1,9 @@
 """More preemption rows, through the public entry points only.
 
-The cycle (``broker.scheduler.run_cycle``) is asserted through its Plan: which jobs are evicted
+The cycle (``broker.cycle.scheduler.run_cycle``) is asserted through its Plan: which jobs are
+evicted
 and the reason code of each pending job (never the message, never ``Preempt.reason``).
-``policies.preemption.take_until_fits`` is tested directly as well.
+``policies.evict.preemption.take_until_fits`` is tested directly as well.
 
 ``now`` is 10 000 s; running jobs started at 1 000 s (9 000 s ago, well past the default
 ``min_runtime_s`` of 600 s) unless a row says otherwise.
@@ -15,12 +16,12 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.plan import Plan, Snapshot
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation, Gpu, Job, Node, NodeState
-from broker.plan import Plan, Snapshot
-from broker.scheduler import run_cycle
-from broker.state import JobState
-from policies.placement import FreeIndex
-from policies.preemption import Victim, take_until_fits
+from broker.model.state import JobState
+from policies.evict.preemption import Victim, take_until_fits
+from policies.place.placement import FreeIndex
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 

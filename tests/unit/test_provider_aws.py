@@ -260,7 +260,7 @@ def test_throttled_listing_and_terminate_say_retry(proxy: FaultProxy) -> None:
 
 
 def test_unreachable_endpoint_says_retry() -> None:
-    from broker.embedded import free_port
+    from broker.control.embedded import free_port
 
     p = make_provider("aws", {"regions": ["us-east-1"], "image": AMI, "api_attempts": 1,
                               "endpoint_url": f"http://127.0.0.1:{free_port()}"}, "tconn")

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from broker.cloud_settings import parse_providers
-from broker.config import Config
+from broker.bus.runtime import Runtime
+from broker.cloud.provisioner import Provisioner
+from broker.config.core import Config
+from broker.config.providers import parse_providers
 from broker.model import Instance, InstanceState, Market, Offer
-from broker.provisioner import Provisioner
-from broker.runtime import Runtime
 from broker.store.instances import block_key_of
 from broker.waiting import poll_until
 from providers.base import CloudMachine, FailOver, Retry, Stop
@@ -320,7 +320,7 @@ def test_max_instances(tmp_path: Path) -> None:
 
 def test_the_launch_task_retries_a_throttled_launch_then_gives_up(
         prov: tuple[Provisioner, Faulty]) -> None:
-    from broker import provision_tasks
+    from broker.cloud import tasks as provision_tasks
 
     p, faulty = prov
     requested(p, "r1", faulty.inner.offer.id)
@@ -406,8 +406,8 @@ def test_a_machine_launched_while_the_lifecycle_lists_is_kept(tmp_path: Path) ->
 
 def test_the_node_of_a_machine_given_back_is_forgotten_after_a_while(
         prov: tuple[Provisioner, Faulty]) -> None:
+    from broker.cloud.provisioner import FORGET_AFTER_S
     from broker.model import Gpu, Node
-    from broker.provisioner import FORGET_AFTER_S
 
     p, faulty = prov
     store = p.rt.store

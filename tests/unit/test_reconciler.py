@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from broker.config import Config
+from broker.bus.runtime import Runtime
+from broker.config.core import Config
+from broker.control.reconciler import reconcile
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, JobSpec, Node, NodeState
-from broker.plan import Plan, Start
-from broker.reconciler import reconcile
-from broker.runtime import Runtime
-from broker.state import JobState
+from broker.model.state import JobState
 from tests.conftest import with_db
 
 DB = 13

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from broker.bus.runtime import Runtime
 from broker.cli import app
-from broker.config import Config
+from broker.config.core import Config
 from broker.model import Instance, InstanceState
-from broker.runtime import Runtime
 from broker.security import acl, cloud_agent, registrar
 from broker.security.registrar import Registrar, RegistrarError, Request
 
@@ -281,8 +281,8 @@ class OneMachine:
 @pytest.mark.parametrize("answers", ["none", "wait only"])
 def test_the_provisioner_fails_the_launch_with_the_registrars_error(
         answers: str, tmp_path: Path) -> None:
-    from broker.cloud_settings import parse_providers
-    from broker.provisioner import Provisioner
+    from broker.cloud.provisioner import Provisioner
+    from broker.config.providers import parse_providers
 
     cfg = Config(providers=parse_providers({"cloudy": {"kind": "libcloud",
                                                        "registrar_wait_s": 0.1}}),

@@ -1,4 +1,4 @@
-"""Relief (policies/relief.py, the cycle's last preemption step): a short job starved far past
+"""Relief (policies/evict/relief.py, the cycle's last preemption step): a short job starved far past
 its runtime evicts long checkpointable jobs when it gains many times what they lose.
 
 ``now`` is 10 000 s. Unless a row says otherwise: node ``a`` has 4 A100s, held by two
@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import pytest
 
+from broker.cycle.scheduler import CycleState, run_cycle
 from broker.model import HistoryEntry, Job
-from broker.scheduler import CycleState, run_cycle
-from broker.state import EvictionKind, JobState
-from policies.ordering import spillway
+from broker.model.state import EvictionKind, JobState
+from policies.evict.relief import cost, gain, resumes_first, worth_it
+from policies.order.orderings import spillway
 from policies.registry import PolicySet
-from policies.relief import cost, gain, resumes_first, worth_it
 from tests.builders import node
 from tests.unit.test_preemption import evicted, pending, running, snap
 

@@ -1,5 +1,5 @@
-"""The spend report's aggregation (broker/report.py) and its window options
-(broker/report_window.py), table-driven on hand-made charges, runs and budgets."""
+"""The spend report's aggregation (broker/money/report.py) and its window options
+(broker/money/report_window.py), table-driven on hand-made charges, runs and budgets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 import pytest
 from rich.console import Console
 
-from broker.ledger_report import MachineCharge
-from broker.report import (
+from broker.money.ledger_report import MachineCharge
+from broker.money.report import (
     Charge,
     Inputs,
     Run,
@@ -22,7 +22,7 @@ from broker.report import (
     machines_of,
     prorated_cap,
 )
-from broker.report_window import ReportError, Window, parse_window
+from broker.money.report_window import ReportError, Window, parse_window
 from broker.store.budgets import Budget
 
 AWS = "aws:us-east-1:us-east-1a:spot"
@@ -259,9 +259,9 @@ def test_the_report_says_its_forecast_method() -> None:
 def test_a_web_carbon_source_is_not_called_for_past_windows() -> None:
     from dataclasses import replace
 
-    from broker.config import Config
-    from broker.energy_settings import parse_carbon
-    from broker.report_data import emitter
+    from broker.config.core import Config
+    from broker.config.energy import parse_carbon
+    from broker.money.report_data import emitter
 
     cfg = replace(Config(), carbon=parse_carbon({"source": "electricitymaps", "token": "t",
                                                   "url": "http://127.0.0.1:9"}))
@@ -273,8 +273,8 @@ def test_a_web_carbon_source_is_not_called_for_past_windows() -> None:
 
 
 def test_html_and_csv_carry_names_as_data() -> None:
-    from broker.report_html import to_html
-    from broker.report_render import to_csv
+    from broker.money.report_html import to_html
+    from broker.money.report_render import to_csv
 
     odd = "x<script>&\"'"
     r = report([Charge(odd, AWS, "2026-11-02", 1.0)], budgets={odd: Budget(odd, 10.0)},
@@ -295,8 +295,8 @@ def machine(rid: str, shares: dict[str, float]) -> MachineCharge:
 
 def test_no_money_prints_a_negative_zero() -> None:
     """A reservation used up to a float's rounding leaves -1e-15 reserved: 0.00 everywhere."""
-    from broker.report_html import to_html
-    from broker.report_render import renderable, to_csv
+    from broker.money.report_html import to_html
+    from broker.money.report_render import renderable, to_csv
 
     r = report([Charge("vision", AWS, "2026-11-02", 1.0)],
                budgets={"vision": Budget("vision", 1.0)}, now=ts("2026-11-10T00:00:00"),

@@ -1,4 +1,4 @@
-"""Money in the spend report (broker/report_money.py), table-driven: cents rounded half up
+"""Money in the spend report (broker/money/amounts.py), table-driven: cents rounded half up
 and never a negative zero, shares in cents that add up, and money axes whose labels say
 their gridlines' values."""
 
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from broker.report_money import (
+from broker.money.amounts import (
     cents,
     dollars,
     money,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import Config
+from broker.config.core import Config
+from broker.cycle.plan import Plan, Start
 from broker.model import Allocation, Gpu, Job, JobSpec, Node, NodeState
-from broker.plan import Plan, Start
-from broker.state import JobState
+from broker.model.state import JobState
 from broker.store.events import Exited
 from broker.store.memory import MemoryStore
 from workers.agent import Agent

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from broker.cycle.plan import Plan
+from broker.cycle.scheduler import run_cycle
 from broker.model import Allocation
-from broker.plan import Plan
-from broker.scheduler import run_cycle
-from broker.state import JobState
+from broker.model.state import JobState
 from policies.registry import BUNDLES
 from tests.builders import job, node, snapshot
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.model import JobSpec
 from broker.security import acl, seal
 from broker.security.redact import (
@@ -198,7 +198,7 @@ def test_jobs_queued_before_seals_are_sealed_once_and_old_seals_still_match(
 
 def test_a_url_file_others_may_read_is_refused(tmp_path: Path) -> None:
     from broker.errors import ConfigError
-    from broker.reach import url_from_file
+    from broker.store.reach import url_from_file
 
     f = tmp_path / "agent.url"
     f.write_text("redis://agent-n1:s3cret-pw@h:6379/0\n")

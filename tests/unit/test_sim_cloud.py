@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from broker.errors import ConfigError
+from broker.model.state import EvictionKind, JobState
 from broker.sim.cluster import cluster_from_data
 from broker.sim.engine import Simulation
-from broker.state import EvictionKind, JobState
 from tests.unit.test_sim_engine import tj, trace
 
 H = 3600.0

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.config import DEFAULT_CLASSES, PriorityClass, Team
+from broker.config.core import DEFAULT_CLASSES, PriorityClass, Team
 from broker.errors import ConfigError
 from broker.model import NodeState
 from broker.sim.cluster import Cluster, cluster_from_data, load_cluster

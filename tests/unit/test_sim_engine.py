@@ -8,12 +8,12 @@ from functools import cache
 
 import pytest
 
-from broker.config import Config
+from broker.config.core import Config
 from broker.model import Job
+from broker.model.state import JobState
 from broker.sim.cluster import Cluster, cluster_from_data
 from broker.sim.engine import Simulation
 from broker.sim.types import JobRecord, SimResult, Trace, TraceJob
-from broker.state import JobState
 
 POLICIES = ("fcfs", "slurm-like", "spillway")
 

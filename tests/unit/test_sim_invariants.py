@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from broker.cycle.plan import Applied, Plan
 from broker.model import Allocation, HistoryEntry
-from broker.plan import Applied, Plan
+from broker.model.state import JobState
 from broker.sim.invariants import InvariantChecker
-from broker.state import JobState
 from broker.store.memory import MemoryStore
 from tests.builders import job, node
 
@@ -21,7 +21,7 @@ def _store_with_running() -> tuple[MemoryStore, object]:
 
 
 def _start(store: MemoryStore, job_id: str, gpus: tuple[str, ...]) -> object:
-    from broker.plan import Start
+    from broker.cycle.plan import Start
 
     cur = store.get(job_id)
     applied = store.apply(Plan(starts=(Start(job_id, cur.attempt, cur.version,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import PriorityClass
+from broker.config.core import PriorityClass
 from broker.errors import ConfigError
 from broker.model import parse_time
 from broker.sim.trace import (

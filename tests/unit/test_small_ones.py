@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client
-from broker.config import Config
-from broker.control import one_cycle
-from broker.gpus import parse_inventory
+from broker.config.core import Config
+from broker.control.loop import one_cycle
 from broker.model import Gpu, Node
-from broker.state import JobState
+from broker.model.gpus import parse_inventory
+from broker.model.state import JobState
 from broker.store.events import Exited, Started
 from tests.conftest import cli_env, flushed_db, run_cli
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.gpus import GPU_FAMILIES, KNOWN_MODELS
-from broker.speed import RELATIVE_SPEED, convert_runtime, fastest_first, speed_of
+from broker.model.gpus import GPU_FAMILIES, KNOWN_MODELS
+from broker.model.speed import RELATIVE_SPEED, convert_runtime, fastest_first, speed_of
 
 
 def test_every_known_family_has_a_speed() -> None:

@@ -1,4 +1,4 @@
-"""Spot with a deadline (policies/spot_deadline.py) and its replay (broker/deadline_bench.py):
+"""Spot with a deadline (policies/burst/spot_deadline.py) and its replay (broker/bench/deadline.py):
 one row per rule, the last safe moment to wait, and replays that can never miss the deadline
 (a table of patterns, and hypothesis over random availability)."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.deadline_bench import Setup, greedy, ours, replay, run
+from broker.bench.deadline import Setup, greedy, ours, replay, run
 from broker.errors import ConfigError
-from policies.spot_deadline import DeadlineRule, Mode, SpotMarket
+from policies.burst.spot_deadline import DeadlineRule, Mode, SpotMarket
 
 R = DeadlineRule()  # changeover 0.2 h, reserve 2 changeovers, $0.918 against $3.06
 WAIT, S, OD = Mode.IDLE, Mode.SPOT, Mode.ONDEMAND

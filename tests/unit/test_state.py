@@ -8,11 +8,11 @@ import pytest
 
 from broker.errors import InvalidTransition
 from broker.model import HistoryEntry, Job, JobSpec
-from broker.state import ACTIVE, TERMINAL, TRANSITIONS, JobState, can_move
+from broker.model.state import ACTIVE, TERMINAL, TRANSITIONS, JobState, can_move
 
 S = JobState
 
-# The design's table, written out independently of broker/state.py.
+# The design's table, written out independently of broker/model/state.py.
 EDGES: set[tuple[JobState, JobState]] = {
     (S.PENDING, S.STARTING), (S.PENDING, S.CANCELLED), (S.PENDING, S.FAILED),
     (S.STARTING, S.RUNNING), (S.STARTING, S.FAILED), (S.STARTING, S.STOPPING),

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from broker.client import Client
-from broker.config import Config, load_config
+from broker.config.core import Config, load_config
+from broker.cycle.plan import Plan, Start
 from broker.errors import ConfigError, SpecError
 from broker.model import Allocation, Gpu, Job, JobSpec, Node
-from broker.plan import Plan, Start
+from broker.security.tokens import TokenStore
 from broker.store.memory import MemoryStore
-from broker.tokens import TokenStore
 from tests.asgi import call
 from tests.conftest import private_redis
 from workers.runner import _MAX_WAIT_S, RunningPart, Supervisor, time_limit_for

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from broker.cycle.plan import Start
 from broker.errors import StaleAttempt
 from broker.model import Allocation, Attempt, HistoryEntry, Job, JobSpec, Reason
-from broker.plan import Start
-from broker.state import EvictionKind, JobState
+from broker.model.state import EvictionKind, JobState
 from broker.store import transitions as T
 from broker.store.events import Exited, JobEvent, Started, StartFailed
 

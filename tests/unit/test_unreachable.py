@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.client import Client
-from broker.config import Config
-from broker.embedded import free_port
+from broker.config.core import Config
+from broker.control.embedded import free_port
 from broker.errors import SpillwayError, StoreUnreachable
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.client import Client
-from broker.config import Config
+from broker.config.core import Config
 from broker.store.events import Started
 from tests.conftest import flushed_db
 from tests.unit.test_runner import GPUS, NODE, Harness

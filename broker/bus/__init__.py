@@ -1,0 +1,2 @@
+"""The message bus: the Celery app, every command sent by name, and each process's wiring
+(runtime)."""

@@ -1,0 +1,2 @@
+"""Rented machines: the provisioner, its provision queue, the machines' lifecycle and the spot
+signals."""

@@ -1,0 +1,1 @@
+"""Prometheus metrics: the series, the /metrics server and the rented machines' series."""

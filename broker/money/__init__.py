@@ -1,0 +1,2 @@
+"""Money: the ledger, its read API and the spend report (data, window, amounts, terminal,
+HTML)."""

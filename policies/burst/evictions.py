@@ -1,0 +1,33 @@
+"""Preempt or burst (policies/burst/sla.py, rule 5): what the evictions planned for a job cost,
+and dropping them when it bursts instead."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker.model import Job
+from policies.cycle import Cycle
+
+
+def victims_cost(cycle: Cycle, job: Job, cfg: Mapping[str, Any]) -> float:
+    """Dollars of on-prem work the evictions planned for ``job`` throw away."""
+    tag = f"preempted by {job.id} ("
+    active = {j.id: j for j in cycle.snap.active}
+    lost = 0.0
+    for p in cycle.evictions:
+        v = active.get(p.job_id)
+        if v is None or not p.reason.startswith(tag):
+            continue
+        elapsed = max(0.0, cycle.now - (v.started_at or cycle.now))
+        held = min(elapsed, p.grace_s) if v.spec.checkpoint_dir else elapsed
+        lost += v.res.total_gpus * held
+    return lost / 3600.0 * float(cfg["onprem_gpu_hour_usd"])
+
+
+def drop_evictions_for(cycle: Cycle, bursting: set[str]) -> None:
+    """A job that bursts no longer needs the room evictions were making for it."""
+    if not cycle.evictions or not bursting:
+        return
+    cycle.evictions[:] = [p for p in cycle.evictions if not (
+        p.reason.startswith("preempted by ") and p.reason.split()[2] in bursting)]
