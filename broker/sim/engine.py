@@ -30,7 +30,7 @@ from broker.errors import ConfigError
 from broker.ledger_sim import SimBudgets
 from broker.model import Job, JobSpec
 from broker.model.fit import could_hold
-from broker.plan import Plan
+from broker.plan import Plan, Snapshot
 from broker.scheduler import run_cycle
 from broker.sim.carbon_metrics import (
     carbon_by_class,
@@ -303,6 +303,12 @@ class Simulation:
         self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
         self.preemptors += sum(1 for i in job_ids if self._can_preempt(self.trace_jobs[i]))
 
+    def _dressed(self, snap: Snapshot, now: float) -> Snapshot:
+        """The cycle's snapshot with the run's offers, machines and spot signals."""
+        if self.cloud is not None and self.spot is not None:
+            snap = self.spot.dress(self.cloud.dress(snap, now))
+        return snap
+
     def _cycle(self, now: float, force: bool = False) -> None:
         """Run a cycle unless it could not change anything: nothing waits, or every device is
         busy and no waiting job may preempt (production would plan the same: no start).
@@ -321,9 +327,7 @@ class Simulation:
             return
         if self.budgets is not None:
             self.budgets.settle(now)  # machines that ended: charged, reservations settled
-        snap = self.snapshots.build(now)
-        if self.cloud is not None and self.spot is not None:
-            snap = self.spot.dress(self.cloud.dress(snap, now))
+        snap = self._dressed(self.snapshots.build(now), now)
         plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
         if self.budgets is not None:
             plan = self.budgets.apply(plan, now)  # each launch's cost reserved, or refused
