@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.cloud.spot_signals import SpotSignals
 from broker.config.core import CLUSTER_CONFIG_KEYS, Config
-from broker.cycle.plan import Plan
+from broker.cycle.plan import Plan, Snapshot
 from broker.cycle.scheduler import run_cycle
 from broker.cycle.snapshots import SnapshotBuilder
 from broker.errors import ConfigError
@@ -304,6 +304,12 @@ class Simulation:
         self.queued_gpus += sum(s.gpus * s.nodes for s in specs)
         self.preemptors += sum(1 for i in job_ids if self._can_preempt(self.trace_jobs[i]))
 
+    def _dressed(self, snap: Snapshot, now: float) -> Snapshot:
+        """The cycle's snapshot with the run's offers, machines and spot signals."""
+        if self.cloud is not None and self.spot is not None:
+            snap = self.spot.dress(self.cloud.dress(snap, now))
+        return snap
+
     def _cycle(self, now: float, force: bool = False) -> None:
         """Run a cycle unless it could not change anything: nothing waits, or every device is
         busy and no waiting job may preempt (production would plan the same: no start).
@@ -322,9 +328,7 @@ class Simulation:
             return
         if self.budgets is not None:
             self.budgets.settle(now)  # machines that ended: charged, reservations settled
-        snap = self.snapshots.build(now)
-        if self.cloud is not None and self.spot is not None:
-            snap = self.spot.dress(self.cloud.dress(snap, now))
+        snap = self._dressed(self.snapshots.build(now), now)
         plan: Plan = run_cycle(snap, self.policy, now, self.snapshots.memory)
         if self.budgets is not None:
             plan = self.budgets.apply(plan, now)  # each launch's cost reserved, or refused

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from broker.cycle.plan import Snapshot
 from broker.errors import ConfigError
 from broker.model import Job
 from broker.model.state import JobState
@@ -123,11 +124,7 @@ class LatencySimulation(Simulation):
             self.cloud = LifecycleCloudRun(self, cluster.cloud, int(kw.get("seed", 0)))
         self.lat = latencies
         self.stop_delay_s += latencies.stop_s
-        late = latencies.launch_s + latencies.register_s
-        if late > 0 and self.cloud is not None:  # what production's estimate learns
-            clouds = self.cloud.clouds
-            clouds.base_offers = [(replace(o, extra={**o.extra, "boot_s": float(
-                o.extra.get("boot_s", 0.0)) + late}), site) for o, site in clouds.base_offers]
+        self._booted: dict[str, float] = {}  # offer id -> when its first machine was ready
         self._due: float | None = None  # when the delayed cycle runs
         self._plan_wakes: set[float] = set()
 
@@ -138,12 +135,27 @@ class LatencySimulation(Simulation):
             inst = self.cloud.clouds.instances.get(job_id)
             if inst is not None:
                 inst.ready_at = t
+                oid = inst.record.offer_id
+                self._booted[oid] = min(t, self._booted.get(oid, t))
         elif kind == IDLE and self.lat.release_s > 0:
             t += self.lat.release_s
         if kind == WAKE and job_id == "" and self.lat.period_s > 0:
             t = math.ceil(t / self.lat.period_s) * self.lat.period_s  # the next periodic cycle
             self._plan_wakes.add(t)
         super()._push(t, kind, job_id, attempt)
+
+    def _dressed(self, snap: Snapshot, now: float) -> Snapshot:
+        """The snapshot, its offers' ``boot_s`` as production's estimate has it: the declared
+        boot until the offer's first machine registered, then what that machine took (launch
+        and registration included: the first observation replaces the seed, and every later
+        one is the same here; broker/store/boots.py)."""
+        snap = super()._dressed(snap, now)
+        late = self.lat.launch_s + self.lat.register_s
+        if late <= 0 or not self._booted:
+            return snap
+        return replace(snap, offers=tuple(
+            replace(o, extra={**o.extra, "boot_s": float(o.extra.get("boot_s", 0.0)) + late})
+            if self._booted.get(o.id, math.inf) <= now else o for o in snap.offers))
 
     def _cycle(self, now: float, force: bool = False) -> None:
         if self.lat.cycle_s <= 0:
