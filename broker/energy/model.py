@@ -5,7 +5,7 @@
     emissions (kg) = integral over the run of power x PUE x intensity(t) dt / 1000
 
 where intensity (gCO2e/kWh) is the grid's, in the carbon zone of the run's site, as a
-:class:`~providers.carbon.base.CarbonSource` gives it (the actual series where the source has
+:class:`~broker.energy.steps.CarbonSource` gives it (the actual series where the source has
 one, else its forecast). Pure: the source is passed in, and times are unix seconds.
 
 Figures (docs/carbon.md has the table)
@@ -47,8 +47,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from broker.energy.steps import CarbonSource, integrate
 from broker.model.gpus import family_of
-from providers.carbon.base import CarbonSource, integrate
 
 #: Board power in watts by GPU family, and the source (see the module's doc).
 GPU_POWER_W: Mapping[str, tuple[float, str]] = MappingProxyType({

@@ -1,5 +1,9 @@
 """The carbon-intensity source interface, its errors, and helpers over forecast steps.
 
+The interface and the pure step helpers (:class:`CarbonSource`, :func:`integrate`,
+:func:`mean_intensity`) live in :mod:`broker.energy.steps`, below the policies; they are
+re-exported here, where the sources are.
+
 A *zone* is an Electricity Maps zone key ("DE", "GB", "FR", "US-CAL-CISO", ...): the grid a
 site draws from (see :mod:`providers.catalog.zones` for cloud regions). Intensities are grams of
 CO2-equivalent per kWh of electricity consumed (gCO2e/kWh), times are unix seconds (UTC).
@@ -12,8 +16,12 @@ window's start, so the steps cover ``[start, end)`` with no gap.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable
+
+from broker.energy.steps import CarbonSource, integrate, mean_intensity
+
+__all__ = ["CarbonDataError", "CarbonError", "CarbonSource", "integrate", "mean_intensity",
+           "signals"]
 
 log = logging.getLogger("spillway.carbon")
 
@@ -24,47 +32,6 @@ class CarbonError(Exception):
 
 class CarbonDataError(CarbonError, ValueError):
     """Bad or missing carbon data: an unknown zone, a time outside a series, a malformed file."""
-
-
-@runtime_checkable
-class CarbonSource(Protocol):
-    """Where carbon intensity comes from: a CSV series, or a web API (with a fallback)."""
-
-    name: str
-
-    def intensity(self, zone: str, at: float) -> float:
-        """gCO2e/kWh in ``zone`` at unix time ``at``."""
-        ...
-
-    def forecast(self, zone: str, start: float, end: float) -> list[tuple[float, float]]:
-        """(unix time, gCO2e/kWh) steps covering ``[start, end)``, the first at ``start``."""
-        ...
-
-
-def integrate(steps: Sequence[tuple[float, float]], start: float, end: float) -> float:
-    """The integral of a step function over ``[start, end)``, in (value x seconds).
-
-    ``steps`` are ``(t, value)`` sorted by time; each value holds until the next step. Time
-    before the first step takes the first step's value (a forecast starts at its window)."""
-    if end <= start or not steps:
-        return 0.0
-    total = 0.0
-    for i, (t, value) in enumerate(steps):
-        seg_start = start if i == 0 else max(start, t)
-        seg_end = steps[i + 1][0] if i + 1 < len(steps) else end
-        seg_end = min(seg_end, end)
-        if seg_end > seg_start:
-            total += value * (seg_end - seg_start)
-    return total
-
-
-def mean_intensity(source: CarbonSource, zone: str, start: float, end: float) -> float:
-    """The time-weighted mean intensity of ``zone`` over ``[start, end)``, from the source's
-    forecast (for past windows, what the source knows of them); the point value when the
-    window is empty."""
-    if end <= start:
-        return source.intensity(zone, start)
-    return integrate(source.forecast(zone, start, end), start, end) / (end - start)
 
 
 def signals(source: CarbonSource, zones: Iterable[str], now: float, horizon_s: float
