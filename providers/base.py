@@ -162,9 +162,9 @@ class Provider(Protocol):
 
 KINDS: dict[str, tuple[str, str]] = {
     # kind: (module:class, the extra that installs its SDK; "" for none)
-    "aws": ("providers.aws:AwsProvider", "aws"),
-    "gcp": ("providers.gcp:GcpProvider", "gcp"),
-    "libcloud": ("providers.libcloud:LibcloudProvider", "libcloud"),
+    "aws": ("providers.aws.provider:AwsProvider", "aws"),
+    "gcp": ("providers.gcp.provider:GcpProvider", "gcp"),
+    "libcloud": ("providers.libcloud.provider:LibcloudProvider", "libcloud"),
     "local": ("providers.local:LocalProvider", ""),
 }
 

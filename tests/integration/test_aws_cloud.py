@@ -32,7 +32,7 @@ from broker.model import Instance, Job, NodeState
 from broker.model.cloud import InstanceState, Market, Offer
 from broker.model.state import EvictionKind, JobState
 from broker.store.instances import block_key
-from providers.aws import AwsProvider
+from providers.aws.provider import AwsProvider
 from tests.boot_shim import BootShim, booting
 from tests.fake_ec2 import AWS_TEST_ENV, FaultProxy, moto_ec2
 from tests.integration.harness import Cluster, running, wait_until, with_db

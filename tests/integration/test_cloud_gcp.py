@@ -63,7 +63,7 @@ done
 
 
 def test_boot_shim_runs_the_startup_script_and_preemption_reaches_it(tmp_path: Path) -> None:
-    from providers.gcp import GcpProvider
+    from providers.gcp.provider import GcpProvider
     from tests.fakes.gce import serving as fake_compute
 
     offer = Offer("gcp", "us-central1", "us-central1-a", "a2-highgpu-1g", "A100-40GB", 1,

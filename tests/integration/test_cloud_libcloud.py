@@ -26,7 +26,7 @@ import yaml
 from broker.model import InstanceState
 from broker.model.state import JobState
 from providers.base import CLUSTER_TAG, REQUEST_TAG, Resources
-from providers.libcloud import LibcloudProvider
+from providers.libcloud.provider import LibcloudProvider
 from tests.fakes.boot import LibcloudBooter, Machines
 from tests.fakes.libcloud_driver import FileDummyNodeDriver
 from tests.integration.harness import running, wait_until, with_db

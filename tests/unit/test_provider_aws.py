@@ -1,5 +1,5 @@
-"""providers/aws.py against moto's EC2 server (a real HTTP endpoint), with faults injected by
-tests/fake_ec2.py's proxy: launch (spot, on-demand, idempotent), listing by tag across
+"""providers/aws/provider.py against moto's EC2 server (a real HTTP endpoint), with faults
+injected by tests/fake_ec2.py's proxy: launch (spot, on-demand, idempotent), listing by tag across
 regions and pages, terminate (missing ids too), offers, configuration errors, and every fault
 class (capacity, spot count, throttling, 5xx, auth, quota) with what it maps onto."""
 
@@ -15,9 +15,9 @@ import boto3
 import pytest
 
 from broker.model.cloud import InstanceState, Market, Offer
-from providers import aws as aws_mod
-from providers.aws import AwsProvider, client_token
-from providers.aws_errors import error_class
+from providers.aws import provider as aws_mod
+from providers.aws.errors import error_class
+from providers.aws.provider import AwsProvider, client_token
 from providers.base import (
     CLUSTER_TAG,
     OFFER_TAG,

@@ -1,4 +1,4 @@
-"""providers/gcp.py: google-cloud-compute (REST) against the fake Compute endpoint in
+"""providers/gcp/provider.py: google-cloud-compute (REST) against the fake Compute endpoint in
 tests/fakes/gce.py, with its faults."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from providers.base import (
     Stop,
     make_provider,
 )
-from providers.gcp import GcpProvider
-from providers.gcp_shapes import instance_name, region_of, split_type
+from providers.gcp.provider import GcpProvider
+from providers.gcp.shapes import instance_name, region_of, split_type
 from providers.offer_source import OfferList
 from tests.fakes.gce import FakeCompute, serving
 

@@ -1,4 +1,4 @@
-"""providers/libcloud.py against libcloud's own dummy driver
+"""providers/libcloud/provider.py against libcloud's own dummy driver
 (libcloud.compute.drivers.dummy.DummyNodeDriver), and against tests/fakes/libcloud_driver.py
 (the dummy with shared state, names, metadata and user data) where a test needs those.
 
@@ -27,8 +27,8 @@ from providers.base import (
     Stop,
     make_provider,
 )
-from providers.libcloud import LibcloudProvider
-from providers.libcloud_errors import classify
+from providers.libcloud.errors import classify
+from providers.libcloud.provider import LibcloudProvider
 from providers.offer_source import OfferList
 
 SIZE_OFFER = Offer("dummy", "default", "", "1", "A100-80GB", 1, 80.0, Market.ONDEMAND, 4.0)

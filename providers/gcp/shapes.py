@@ -1,6 +1,6 @@
 """What a GCE instance looks like to Spillway: names from request ids, GPUs, states, times.
 
-Pure functions, no SDK: the provider (providers/gcp.py) builds its requests from these.
+Pure functions, no SDK: the provider (providers/gcp/provider.py) builds its requests from these.
 
 Facts used (Google Cloud documentation, "GPU machine types" and "Instance life cycle"):
 A2, A3, A4 and G2 machine types come with their GPUs attached (``a2-highgpu-8g`` has 8 A100
@@ -35,7 +35,7 @@ ACCELERATOR_TYPES: dict[str, str] = {
     "B200-180GB": "nvidia-b200",
 }
 
-# GCE instance status -> InstanceState, as providers/aws.py maps EC2's: a machine that is
+# GCE instance status -> InstanceState, as providers/aws/provider.py maps EC2's: a machine that is
 # coming up or running is BOOTING (the reconciler, not the provider, knows when its agent
 # registered); one being deleted is TERMINATED; one that exists but does not run (stopped,
 # suspended: its disk is still billed) or is being repaired is FAILED, for the reconciler to

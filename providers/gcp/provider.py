@@ -11,7 +11,7 @@
 - ``terminate``: ``instances.delete``; a machine Compute no longer knows is not an error.
 - ``instances``: ``instances.aggregatedList`` filtered by the cluster label.
 
-Errors are sorted by providers.gcp_errors. No call is retried here: a Retry goes back to the
+Errors are sorted by providers.gcp.errors. No call is retried here: a Retry goes back to the
 provisioner, which backs off.
 """
 
@@ -23,8 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from broker.model.cloud import InstanceState, Market, Offer
-from providers import gcp_errors
-from providers import gcp_shapes as shapes
 from providers.base import (
     CLUSTER_TAG,
     OFFER_TAG,
@@ -37,6 +35,8 @@ from providers.base import (
     check_label,
     require,
 )
+from providers.gcp import errors as gcp_errors
+from providers.gcp import shapes
 from providers.offer_source import (
     OfferCatalog,
     OfferList,

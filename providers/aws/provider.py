@@ -6,7 +6,7 @@ the IAM permissions). Each machine is tagged with the cluster, the request id an
 for machines already tagged with its request id (a repeated launch message, or a provisioner
 that died between the launch and its record), and it passes EC2 a ``ClientToken`` derived from
 the request id, so EC2 itself refuses to start a second set for a retried call. Errors are
-mapped onto Retry, FailOver and Stop by :mod:`providers.aws_errors`.
+mapped onto Retry, FailOver and Stop by :mod:`providers.aws.errors`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 from broker.model.cloud import InstanceState, Market, Offer
-from providers.aws_errors import classify, is_not_found
-from providers.aws_settings import DEFAULT_IMAGE_NAME, region_settings, zone_subnets
+from providers.aws.errors import classify, is_not_found
+from providers.aws.settings import DEFAULT_IMAGE_NAME, region_settings, zone_subnets
 from providers.base import (
     CLUSTER_TAG,
     OFFER_TAG,

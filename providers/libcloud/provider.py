@@ -48,7 +48,7 @@ from providers.base import (
     check_label,
     require,
 )
-from providers.libcloud_errors import classify
+from providers.libcloud.errors import classify
 from providers.offer_source import (
     OfferCatalog,
     OfferList,

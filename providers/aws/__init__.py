@@ -1,0 +1,1 @@
+"""Amazon EC2: the provider, its error sorting and its settings."""

@@ -1,0 +1,1 @@
+"""Google Compute Engine: the provider, its error sorting and its machine shapes."""

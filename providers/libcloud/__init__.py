@@ -1,0 +1,1 @@
+"""Any cloud Apache Libcloud drives: the provider and its error sorting."""
