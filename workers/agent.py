@@ -33,7 +33,8 @@ from redis.exceptions import RedisError
 
 from broker.config.core import Config
 from broker.errors import ConfigError, StoreUnreachable
-from broker.metrics import series as metrics
+from broker.metrics.agent import agent_metrics
+from broker.metrics.http import Guard, serve
 from broker.model import Allocation, Job, Node, NodeState
 from broker.model.state import ACTIVE, EvictionKind, JobState
 from broker.store.base import BaseStore
@@ -166,7 +167,7 @@ class Agent:
 
     def heartbeat(self) -> None:
         self.channel.heartbeat(self.node, self.config.lease_ttl_s, time.time())
-        metrics.agent_metrics().beat()
+        agent_metrics().beat()
 
     def drain(self, timeout: float | None = None, kind: EvictionKind = EvictionKind.PRIORITY,
               reason: str | None = None) -> bool:
@@ -265,7 +266,7 @@ class Agent:
                 started.append(part)
             else:  # (the runner reported its StartFailed)
                 self._remember_done(part.key)
-        metrics.agent_metrics().started(len(started))
+        agent_metrics().started(len(started))
         self._report_started(started)
 
     def _report_started(self, parts: list[RunningPart]) -> None:
@@ -340,7 +341,7 @@ class Agent:
                 self._stopping.discard(part.key)
                 self._remember_done(part.key)
         for part in parts:
-            metrics.agent_metrics().ended(part.exit_code)
+            agent_metrics().ended(part.exit_code)
             log.info("job %s attempt %d rank %d ended: exit %s (%s)", part.job_id,
                      part.attempt, part.rank, part.exit_code, part.reason)
         todo = [p for p in parts if not p.end_reported]  # (others: reported with the start)
@@ -445,7 +446,7 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
     from workers.discovery import discover
     from workers.tasks import set_node_handler  # registers this queue's tasks
 
-    guard = metrics.Guard.from_config(config)  # (a wrong metrics_* setting: ConfigError now)
+    guard = Guard.from_config(config)  # (a wrong metrics_* setting: ConfigError now)
     from broker.security.redact import install_log_redaction, url_password
 
     install_log_redaction(extra=[url_password(redis_url), config.metrics_token,
@@ -490,8 +491,8 @@ def run_agent(redis_url: str, config: Config, node_id: str | None = None,
         return 2
     keeper = Keeper(agent.isolation)  # kills the jobs if this process dies, even by SIGKILL
     if config.agent_metrics_port:
-        metrics.agent_metrics().count_running(lambda: len(agent._local))
-        metrics.serve(metrics.agent_metrics().registry, config.agent_metrics_port, guard=guard)
+        agent_metrics().count_running(lambda: len(agent._local))
+        serve(agent_metrics().registry, config.agent_metrics_port, guard=guard)
     try:
         set_node_handler(agent)
         if not agent.register(give_up=stop_requested):

@@ -121,7 +121,7 @@ def run_provisioner(redis_url: str, config: Any, loglevel: str = "INFO") -> int:
 
     from broker.bus.runtime import init_runtime
     from broker.metrics.cloud import CloudMetrics
-    from broker.metrics.series import Guard, serve
+    from broker.metrics.http import Guard, serve
 
     logging.basicConfig(level=loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

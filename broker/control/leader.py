@@ -40,7 +40,8 @@ from broker.bus.runtime import Runtime
 from broker.control.loop import run_cycles
 from broker.control.reconciler import reconcile
 from broker.errors import Fenced, StoreUnreachable
-from broker.metrics.series import Guard, SchedulerMetrics, scheduler_metrics, serve
+from broker.metrics.http import Guard, serve
+from broker.metrics.scheduler import SchedulerMetrics, scheduler_metrics
 from broker.store.reach import hide_password, wait_for_redis
 from policies.reasons import exception_text
 

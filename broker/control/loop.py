@@ -19,7 +19,7 @@ from broker.cycle.actuator import apply_plan, sender
 from broker.cycle.plan import Applied, Plan
 from broker.cycle.scheduler import run_cycle
 from broker.cycle.snapshots import SnapshotBuilder
-from broker.metrics import series as metrics
+from broker.metrics import scheduler as metrics
 from broker.store import node_reports
 from policies.registry import PolicySet, bundle
 from policies.settings import check_bundles

@@ -3,9 +3,10 @@
 Two sources, one set of series:
 
 - the leader's cycles (:meth:`CloudMetrics.observe_snapshot`, called by
-  :class:`broker.metrics.series.SchedulerMetrics` on its gauge passes): instances by state, how long
-  the oldest has been in its state, and what the machines running now cost an hour. Every live
-  state is exported, 0 when no machine is in it, so an on-prem cluster reads 0, not nothing;
+  :class:`broker.metrics.scheduler.SchedulerMetrics` on its gauge passes): instances by state,
+  how long the oldest has been in its state, and what the machines running now cost an hour.
+  Every live state is exported, 0 when no machine is in it, so an on-prem cluster reads 0,
+  not nothing;
 - the provisioner (broker/cloud/provisioner.py, inside the scheduler by default, or ``spillway
   provisioner`` on its own with a registry of its own): launches, launches that gave no usable
   machine (by reason), the boot time of each machine (request to its agent's registration),

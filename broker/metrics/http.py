@@ -1,5 +1,6 @@
-"""Serving ``/metrics``: the HTTP server behind :func:`broker.metrics.series.serve`, with optional
-credentials and TLS.
+"""Serving ``/metrics`` (:func:`serve`), with optional credentials and TLS: what the scheduler's
+and the agent's processes share (each serves its own registry: :mod:`broker.metrics.scheduler`,
+:mod:`broker.metrics.agent`).
 
 prometheus-client's own ``start_http_server`` has TLS but no credentials; its documented way to
 serve a registry elsewhere is ``make_wsgi_app`` under any WSGI server
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import logging
 import ssl
 import threading
 from collections.abc import Callable, Iterable
@@ -31,6 +33,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from broker.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
 
@@ -118,4 +122,22 @@ def start(registry: CollectorRegistry, port: int, addr: str, guard: Guard) -> WS
     if ctx is not None:
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name="spillway-metrics", daemon=True).start()
+    return server
+
+
+def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
+          guard: Guard | None = None) -> WSGIServer | None:
+    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread (port 0: any
+    free port; read it from the server's ``server_port``), behind ``guard``'s credentials and
+    TLS if any (``Guard.from_config``). A port already taken is logged
+    and the process goes on without metrics; a certificate that cannot be loaded is a
+    ConfigError. Returns the server, or None."""
+    guard = guard or Guard()
+    try:
+        server = start(registry, port, addr, guard)
+    except OSError as e:
+        log.warning("cannot serve metrics on %s:%d (%s); going on without them", addr, port, e)
+        return None
+    log.info("metrics on %s://%s:%d/metrics%s", "https" if guard.tls_cert else "http", addr,
+             server.server_port, " (credentials needed)" if guard.accepted() else "")
     return server

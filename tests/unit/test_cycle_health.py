@@ -21,8 +21,8 @@ from broker.bus.runtime import Runtime
 from broker.config.core import Config
 from broker.control.leader import Leader
 from broker.cycle.plan import Plan, SetAside
-from broker.metrics import series as metrics
-from broker.metrics.series import SchedulerMetrics
+from broker.metrics import scheduler as metrics
+from broker.metrics.scheduler import SchedulerMetrics
 from broker.model import Gpu, Job, JobSpec, Node, Reason
 from broker.model.state import JobState
 from broker.store.memory import MemoryStore

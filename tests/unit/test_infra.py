@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from broker.cli import app
 from broker.config.core import Config
-from broker.metrics.series import AgentMetrics, SchedulerMetrics
+from broker.metrics.agent import AgentMetrics
+from broker.metrics.scheduler import SchedulerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

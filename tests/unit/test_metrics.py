@@ -1,6 +1,6 @@
-"""/metrics (broker/metrics/series.py) scraped over HTTP: the scheduler's after real cycles on a
-real
-Redis database, the leader's loop, and an agent running real job processes."""
+"""/metrics (broker/metrics/: scheduler.py, agent.py, http.py) scraped over HTTP: the
+scheduler's after real cycles on a real Redis database, the leader's loop, and an agent running
+real job processes."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ from broker.config.core import Config, load_config
 from broker.control.leader import Leader
 from broker.control.loop import one_cycle
 from broker.cycle.plan import Plan, Start
-from broker.metrics import series as metrics
-from broker.metrics.series import AgentMetrics, SchedulerMetrics, serve, wait_buckets
+from broker.metrics import agent as agent_series
+from broker.metrics import scheduler as scheduler_series
+from broker.metrics.agent import AgentMetrics
+from broker.metrics.http import serve
+from broker.metrics.scheduler import SchedulerMetrics, wait_buckets
 from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.model.state import JobState
 from broker.store.events import Started
@@ -79,7 +82,7 @@ def sched(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Schedu
                                                                           Scrape]]:
     """This process's scheduler metrics, fresh, served on a free port."""
     m = SchedulerMetrics(rt.config.classes)
-    monkeypatch.setattr(metrics, "_scheduler", m)
+    monkeypatch.setattr(scheduler_series, "_scheduler", m)
     server = serve(m.registry, 0, "127.0.0.1")
     assert server is not None
     try:
@@ -219,7 +222,7 @@ def test_ports_come_from_the_config_and_a_taken_port_is_not_fatal() -> None:
 def test_agent_metrics_count_real_job_processes(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     m = AgentMetrics()
-    monkeypatch.setattr(metrics, "_agent", m)
+    monkeypatch.setattr(agent_series, "_agent", m)
     store = MemoryStore()
     node = Node("n1", (Gpu("GPU-a", 0, "A100-80GB", 80.0), Gpu("GPU-b", 1, "A100-80GB", 80.0)),
                 incarnation="i1")

@@ -1,5 +1,5 @@
 """/metrics behind credentials and TLS (broker/metrics/http.py): real HTTP(S) requests to the
-server broker.metrics.series.serve starts, and the settings' checks."""
+server broker.metrics.http.serve starts, and the settings' checks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from broker.config.core import load_config
 from broker.errors import ConfigError
-from broker.metrics.series import AgentMetrics, Guard, serve
+from broker.metrics.agent import AgentMetrics
+from broker.metrics.http import Guard, serve
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from broker.config.core import Config
 from broker.config.providers import parse_providers
 from broker.cycle.plan import Applied, Plan, Snapshot
 from broker.metrics.cloud import CloudMetrics, instance_gauges
-from broker.metrics.series import SchedulerMetrics
+from broker.metrics.scheduler import SchedulerMetrics
 from broker.model import Instance, InstanceState
 from providers.base import FailOver, Retry, Stop
 from tests.unit.test_provider_local import SLEEPER, Faulty, local, requested

@@ -1,14 +1,16 @@
-"""Prometheus metrics of the scheduler and of the worker agent (prometheus-client).
+"""The scheduler's Prometheus series (prometheus-client), in the scheduler process's registry.
 
-Each process has one registry: the scheduler's (:func:`scheduler_metrics`) or the agent's
-(:func:`agent_metrics`), served on ``/metrics`` by :func:`serve` on ``metrics_port`` or
-``agent_metrics_port`` (broker/config/core.py; 0 disables). Names follow Prometheus' conventions:
-the ``spillway_`` prefix, base units (``_seconds``), ``_total`` on counters. docs/operations.md
-lists them with the alerts (infra/prometheus/rules.yml) and the dashboard
-(infra/grafana/spillway.json) built on them. The cloud's series (instances, spend, launches,
-boot times, orphans) are :class:`broker.metrics.cloud.CloudMetrics`, in the scheduler's registry.
+:func:`scheduler_metrics` gives this process's :class:`SchedulerMetrics`, served on ``/metrics``
+by :func:`broker.metrics.http.serve` on ``metrics_port`` (broker/config/core.py; 0 disables).
+Names follow Prometheus' conventions: the ``spillway_`` prefix, base units (``_seconds``),
+``_total`` on counters. docs/operations.md lists them with the alerts
+(infra/prometheus/rules.yml) and the dashboard (infra/grafana/spillway.json) built on them. The
+cloud's series (instances, spend, launches, boot times, orphans) are
+:class:`broker.metrics.cloud.CloudMetrics`, in the same registry. The worker agent's series are
+in :mod:`broker.metrics.agent`, a module of their own: the agent process loads nothing of the
+scheduler's.
 
-The scheduler's gauges are computed from the cycles' Snapshots (:meth:`observe_cycle`; at
+The gauges are computed from the cycles' Snapshots (:meth:`SchedulerMetrics.observe_cycle`; at
 most every ``GAUGE_EVERY_S`` of the snapshots' time, as each pass reads every pending job and
 node while cycles come every few milliseconds in a burst of starts), so they are the leader's
 view; a scheduler that stops leading removes them (and sets
@@ -21,35 +23,23 @@ metric objects.
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from broker.cycle.plan import Applied, Plan, Snapshot
-from broker.metrics import http as metrics_http
 from broker.metrics.cloud import CloudMetrics
-from broker.metrics.http import Guard
 from broker.model import Gpu, Job, PriorityClass
 from broker.model.state import EvictionKind, JobState
 
 __all__ = [
     "PHASES",
-    "AgentMetrics",
-    "Guard",
     "SchedulerMetrics",
-    "agent_metrics",
-    "outcome",
     "queued_at",
     "scheduler_metrics",
-    "serve",
     "wait_buckets",
 ]
-
-log = logging.getLogger(__name__)
 
 PHASES = ("snapshot", "plan", "apply")  # the cycle's phases, timed by broker/control/loop.py
 #: cycle phase buckets, seconds: a cycle of 10,000 jobs takes about 0.1 s (docs/benchmarks.md)
@@ -290,57 +280,9 @@ class SchedulerMetrics:
             self.leader.set(1.0 if leading else 0.0)
 
 
-def outcome(exit_code: int | None) -> str:
-    """A job part's end, for ``spillway_agent_job_ends_total{outcome}``: succeeded (exit 0),
-    signalled (killed by a signal: a preemption, a cancel, a time limit) or failed."""
-    if exit_code == 0:
-        return "succeeded"
-    if exit_code is None or exit_code > 128:
-        return "signalled"
-    return "failed"
-
-
-class AgentMetrics:
-    """A worker agent's metrics, in their own registry."""
-
-    def __init__(self, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.registry = r = registry or CollectorRegistry()
-        self._clock = clock
-        self._last_beat = clock()  # before the first heartbeat: time since the agent began
-        self.heartbeat_lag = Gauge(
-            "spillway_agent_heartbeat_lag_seconds",
-            "Seconds since this agent's last successful heartbeat", registry=r)
-        self.heartbeat_lag.set_function(lambda: max(0.0, self._clock() - self._last_beat))
-        self.running = Gauge("spillway_agent_jobs_running",
-                             "Job processes (parts of jobs) running on this node", registry=r)
-        self.starts = Counter("spillway_agent_job_starts_total",
-                              "Job processes this agent started", registry=r)
-        self.ends = Counter("spillway_agent_job_ends_total",
-                            "Job processes that ended on this node, by outcome "
-                            "(succeeded, failed, signalled)", ["outcome"], registry=r)
-        for name in ("succeeded", "failed", "signalled"):
-            self.ends.labels(name)
-
-    def beat(self, now: float | None = None) -> None:
-        """A heartbeat reached the store."""
-        self._last_beat = self._clock() if now is None else now
-
-    def started(self, count: int = 1) -> None:
-        self.starts.inc(count)
-
-    def ended(self, exit_code: int | None) -> None:
-        self.ends.labels(outcome(exit_code)).inc()
-
-    def count_running(self, fn: Callable[[], int]) -> None:
-        """Read the number of running job processes from ``fn`` at each scrape."""
-        self.running.set_function(lambda: float(fn()))
-
-
 # -- one registry per process ----------------------------------------------------------------
 
 _scheduler: SchedulerMetrics | None = None
-_agent: AgentMetrics | None = None
 _made = threading.Lock()
 
 
@@ -352,30 +294,3 @@ def scheduler_metrics(classes: Sequence[PriorityClass] = ()) -> SchedulerMetrics
         if _scheduler is None:
             _scheduler = SchedulerMetrics(classes)
         return _scheduler
-
-
-def agent_metrics() -> AgentMetrics:
-    """This process's agent metrics, made on the first call."""
-    global _agent
-    with _made:
-        if _agent is None:
-            _agent = AgentMetrics()
-        return _agent
-
-
-def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0",
-          guard: Guard | None = None) -> WSGIServer | None:
-    """Serve ``registry`` on ``http://addr:port/metrics`` from a daemon thread (port 0: any
-    free port; read it from the server's ``server_port``), behind ``guard``'s credentials and
-    TLS if any (broker/metrics/http.py; ``Guard.from_config``). A port already taken is logged
-    and the process goes on without metrics; a certificate that cannot be loaded is a
-    ConfigError. Returns the server, or None."""
-    guard = guard or Guard()
-    try:
-        server = metrics_http.start(registry, port, addr, guard)
-    except OSError as e:
-        log.warning("cannot serve metrics on %s:%d (%s); going on without them", addr, port, e)
-        return None
-    log.info("metrics on %s://%s:%d/metrics%s", "https" if guard.tls_cert else "http", addr,
-             server.server_port, " (credentials needed)" if guard.accepted() else "")
-    return server
