@@ -1,5 +1,7 @@
-"""The client's HTTP transport: :class:`broker.client.Client` given an ``https://`` URL (or
-``http://`` to this machine) sends its calls here, to ``spillway api``, with a token.
+"""The client's HTTP side: :class:`broker.client.Client` given an ``https://`` URL (or
+``http://`` to this machine) sends its calls here, to ``spillway api``, with a token, through
+its HTTPS transport (:mod:`broker.client.https`); the CLI's finance and token commands call
+:class:`Remote` for what the transport does not carry (budgets, reports, tokens).
 
 The token comes from ``SPILLWAY_TOKEN``, else from the file ``SPILLWAY_TOKEN_FILE`` (default
 ``~/.config/spillway/token``), which must be readable by its owner only (mode 0600). The
