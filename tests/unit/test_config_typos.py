@@ -66,7 +66,7 @@ def test_an_unknown_key_without_a_close_one_lists_the_allowed_keys(tmp_path: Pat
 def test_every_config_field_is_checked(tmp_path: Path) -> None:
     from dataclasses import fields
 
-    from broker.config.core import CONFIG_KEYS, _Model
+    from broker.config.check import CONFIG_KEYS, _Model
     assert set(_Model.model_fields) == set(CONFIG_KEYS) == {f.name for f in fields(Config)} - {
         "extra"}
     with pytest.raises(ConfigError, match=r"^config 1: not a setting; allowed: redis_url"):
