@@ -6,6 +6,10 @@ broker's cycle, so policies do not depend on it). :class:`Memory` holds what a s
 from one cycle to the next: caches that make a cycle cheaper and never change a decision's
 inputs. It is passed beside the Snapshot, which nothing writes into.
 
+State a policy keeps for later phases (or later jobs) of the same cycle is typed: each concern
+defines a dataclass of it beside its policy (every field with a default), and asks the cycle for
+its one instance with ``cycle.memo(ThatClass)`` (:meth:`Cycle.memo`).
+
 A policy that loops over pending jobs wraps what it decides about each in
 ``with deciding(cycle, job):``: an exception raised there sets that job aside for the cycle
 (:meth:`Cycle.fail`) and the loop goes on with the next job (docs/policies.md, "A cycle never
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from broker.cycle.plan import Launch, Preempt, Snapshot, Start, Terminate
 from broker.model import Allocation, Job, Reason
@@ -28,6 +32,8 @@ if TYPE_CHECKING:  # (types only: these modules register policies and import thi
     from policies.place.placement import FreeIndex, Placer
     from policies.registry import PolicySet
 
+M = TypeVar("M")
+
 
 @dataclass
 class Memory:
@@ -37,11 +43,14 @@ class Memory:
     -> its devices by kind, while the node object is the same (policies/place/placement.py);
     ``outlooks``: the offer a waiting job of a shape would rent, while the offers, the quotas
     and its estimate are the same, and the reason each waiting job was last told, while what
-    its sentence is made of is the same (policies/burst/outlook.py)."""
+    its sentence is made of is the same (policies/burst/outlook.py); ``carbon_waits``: the plan
+    of a deferrable job, per (job, attempt, zone), while the forecast's horizon is the same
+    (policies/carbon/wait.py)."""
 
     order_rates: dict[str, tuple[object, float]] = field(default_factory=dict)
     layouts: dict[str, Any] = field(default_factory=dict)
     outlooks: dict[Any, Any] = field(default_factory=dict)
+    carbon_waits: dict[Any, Any] = field(default_factory=dict)
 
 
 class Cycle(Protocol):
@@ -72,7 +81,6 @@ class Cycle(Protocol):
     until_event: bool  # see Plan.until_event
     horizon: dict[str, float] | None  # node -> expected end of its last job (aligned packing)
     ends: dict[str, float]  # running job id -> expected end (memo; moves set theirs)
-    notes: dict[str, Any]  # scratch a policy keeps for later phases of the same cycle
 
     @property
     def fairshare(self) -> dict[str, float]: ...
@@ -83,6 +91,10 @@ class Cycle(Protocol):
 
     def settings(self, name: str) -> Mapping[str, Any]: ...
 
+    def memo(self, kind: type[M]) -> M:
+        """This cycle's one ``kind()`` (a concern's typed per-cycle state: a dataclass whose
+        fields all have defaults), made on the first ask."""
+
     def start(self, job: Job, allocs: tuple[Allocation, ...], long: bool) -> None: ...
 
     def reserve(self, job: Job) -> Shadow | None: ...
@@ -91,6 +103,21 @@ class Cycle(Protocol):
         """A policy raised ``exc`` while deciding about ``job``: set the job aside (True), or
         False when ``job`` is not one of the snapshot's pending jobs (then ``exc`` is not
         one pending job's, and the caller lets it propagate)."""
+
+
+class Memos:
+    """The per-cycle memos of a cycle, one per class (:meth:`Cycle.memo`); a cycle state
+    inherits it."""
+
+    def __init__(self) -> None:
+        self._memos: dict[type, object] = {}
+
+    def memo(self, kind: type[M]) -> M:
+        """This cycle's one ``kind()``, made on the first ask."""
+        got = self._memos.get(kind)
+        if got is None:
+            got = self._memos[kind] = kind()
+        return cast(M, got)
 
 
 class deciding:  # (a context manager, named to read as a clause: with deciding(...))
@@ -111,6 +138,12 @@ class deciding:  # (a context manager, named to read as a clause: with deciding(
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
         return isinstance(exc, Exception) and self.cycle.fail(self.job, exc)
+
+
+def wake(cycle: Cycle, at: float) -> None:
+    """Ask for a cycle at ``at`` (``Plan.wake_at``: the soonest asked wins)."""
+    if cycle.wake_at is None or at < cycle.wake_at:
+        cycle.wake_at = at
 
 
 def each_alone(cycle: Cycle, jobs: Sequence[Job], fn: Callable[[list[Job]], object],

@@ -8,6 +8,7 @@ Reasons are data, not exceptions: a code (``Resources``, ``Priority``, ``Reserva
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from broker.cycle.plan import POLICY_ERROR
@@ -92,6 +93,14 @@ def head(cycle: Cycle, res: Resources) -> Reason:
                                f"{', '.join(sh.reservation.node_ids)} expected free {when}")
 
 
+@dataclass
+class Weighed:
+    """A cycle's memo of what its order weighed (``cycle.memo(Weighed)``): the fair-share
+    factors, set by an order that weighs fair share (empty: it weighed none)."""
+
+    fairshare: dict[str, float] = field(default_factory=dict)
+
+
 def blocked(cycle: Cycle, job: Job, long: bool) -> Reason:
     """A later blocked job: it would delay the reservation, its team is over its share, or it
     waits behind higher-ranked jobs."""
@@ -102,7 +111,7 @@ def blocked(cycle: Cycle, job: Job, long: bool) -> Reason:
                       f"would fit now but would delay the reservation of "
                       f"{cycle.shadow.reservation.job_id} (its estimate ends after "
                       f"{dur(cycle.shadow.reservation.start_at - cycle.now)})")
-    fs = cycle.notes.get("fairshare", {})  # set by an order that weighs fair share
+    fs = cycle.memo(Weighed).fairshare  # set by an order that weighs fair share
     if fs.get(job.team, 1.0) < 0.5:
         return Reason("FairShare", f"team {job.team} used more than its share lately; "
                                    f"waiting behind other teams' jobs for {res.gpus} GPU(s) "

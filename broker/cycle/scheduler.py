@@ -33,7 +33,7 @@ from broker.cycle.plan import Launch, Plan, Preempt, SetAside, Snapshot, Start, 
 from broker.errors import CycleFailed
 from broker.model import Allocation, Job, Reason
 from broker.model.state import JobState
-from policies.cycle import Memory, each_alone
+from policies.cycle import Memory, Memos, each_alone
 from policies.evict.base import Evictor
 from policies.order.fairshare import fairshare_factors
 from policies.order.predictor import expected_end
@@ -132,11 +132,13 @@ def _used_cpu_mem(active: tuple[Job, ...]) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in used.items()}
 
 
-class CycleState:
-    """Everything one cycle knows and decides (policies/cycle.py's ``Cycle``)."""
+class CycleState(Memos):
+    """Everything one cycle knows and decides (policies/cycle.py's ``Cycle``); the policies'
+    typed per-cycle memos are kept by :class:`~policies.cycle.Memos`."""
 
     def __init__(self, snap: Snapshot, policies: PolicySet, now: float,
                  memory: Memory | None = None) -> None:
+        super().__init__()
         self.snap, self.policies, self.now = snap, policies, now
         self.memory = memory if memory is not None else Memory()
         # the policies playing each role
@@ -157,7 +159,6 @@ class CycleState:
         self.queue: list[Job] = []
         self._estimates: dict[str, float] = {}
         self.ends: dict[str, float] = {}
-        self.notes: dict[str, Any] = {}
         # what it decides
         self.starts: list[Start] = []
         self.started: list[tuple[Job, float]] = []

@@ -12,6 +12,7 @@ runtime estimate less what the job's attempts have run (it checkpoints).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from broker.cycle.plan import Preempt, Terminate
 from broker.model import Job, Offer, Reason
@@ -20,6 +21,13 @@ from broker.model.state import EvictionKind, JobState
 from policies.burst.offers import CostModel, market_allowed, runtime_on
 from policies.burst.spot_deadline import DeadlineRule, Mode, SpotMarket
 from policies.cycle import Cycle, deciding
+
+
+@dataclass
+class Markets:
+    """A cycle's memo: the market (spot, ondemand or wait) the rule chose per job id."""
+
+    by_job: dict[str, str] = field(default_factory=dict)
 
 
 def _mode_of(cycle: Cycle, job: Job) -> Mode | None:
@@ -107,7 +115,7 @@ def _next_change(rule: DeadlineRule, mode: Mode, market: SpotMarket, up: bool, l
 def market_for(cycle: Cycle, job: Job, costs: CostModel) -> str:
     """``spot``, ``ondemand`` or ``wait`` for a pending job with a deadline (once a cycle;
     a wait sets the job's reason and asks for a cycle at the markets' next step)."""
-    memo: dict[str, str] = cycle.notes.setdefault("deadline_market", {})
+    memo = cycle.memo(Markets).by_job
     if job.id not in memo:
         mode, wake = _rule_for(cycle, job, costs, Mode.IDLE)
         memo[job.id] = {Mode.SPOT: "spot", Mode.ONDEMAND: "ondemand"}.get(mode, "wait")
@@ -143,7 +151,7 @@ def revisit(cycle: Cycle, costs: CostModel) -> None:
             cycle.starts.remove(st)
             cycle.started[:] = [(j, e) for j, e in cycle.started if j.id != job.id]
             cycle.blocked.append(job)
-            cycle.notes.setdefault("deadline_market", {})[job.id] = \
+            cycle.memo(Markets).by_job[job.id] = \
                 "spot" if mode is Mode.SPOT else "wait"
             if mode is Mode.IDLE:
                 cycle.pending[job.id] = Reason("WaitingForSpot", "its deadline leaves slack to "

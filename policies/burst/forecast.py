@@ -20,20 +20,31 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 
 from broker.model import Job
 from policies.cycle import Cycle
 from policies.place.placement import Kind
 
 
+@dataclass
+class _Kept:
+    """A cycle's memo of the forecasts: each job's on-prem kinds (with the resources and
+    sites they were found for), the on-prem kinds, the releases of on-prem GPUs, and
+    :func:`made_room_for` (with the count of evictions it was found for)."""
+
+    kinds_by_job: dict[str, tuple[object, object, frozenset[Kind]]] = field(
+        default_factory=dict)
+    kinds: frozenset[Kind] | None = None
+    releases: list[tuple[float, Kind, int]] | None = None
+    room_for: tuple[int, frozenset[str]] | None = None
+
+
 def onprem_kinds(cycle: Cycle, job: Job) -> frozenset[Kind]:
     """The on-prem device kinds that could hold ``job`` (none when its sites allow no on-prem
     node: a cloud-only job is never forecast on-prem, nor counted ahead of others there).
     Memoised in the cycle per job (the sweeps ask it of every job they pass)."""
-    memo: dict[str, tuple[object, object, frozenset[Kind]]] | None = \
-        cycle.notes.get("onprem_kinds_by_job")
-    if memo is None:
-        memo = cycle.notes["onprem_kinds_by_job"] = {}
+    memo = cycle.memo(_Kept).kinds_by_job
     hit = memo.get(job.id)
     if hit is not None and hit[0] is job.res and hit[1] is job.spec.sites:
         return hit[2]
@@ -46,19 +57,18 @@ def onprem_kinds(cycle: Cycle, job: Job) -> frozenset[Kind]:
 
 
 def _onprem_kinds(cycle: Cycle) -> frozenset[Kind]:
-    out = cycle.notes.get("onprem_kinds")
-    if out is None:
-        out = cycle.notes["onprem_kinds"] = frozenset(
-            k for n in cycle.snap.nodes if n.site == "onprem"
-            for k in cycle.index.kinds_by_gpu.get(n.id, {}).values())
-    return out  # type: ignore[no-any-return]
+    memo = cycle.memo(_Kept)
+    if memo.kinds is None:
+        memo.kinds = frozenset(k for n in cycle.snap.nodes if n.site == "onprem"
+                               for k in cycle.index.kinds_by_gpu.get(n.id, {}).values())
+    return memo.kinds
 
 
 def _releases(cycle: Cycle) -> list[tuple[float, Kind, int]]:
     """(expected end, kind, GPUs) of every on-prem GPU held now, soonest first (once a cycle)."""
-    out = cycle.notes.get("onprem_releases")
-    if out is not None:
-        return out  # type: ignore[no-any-return]
+    memo = cycle.memo(_Kept)
+    if memo.releases is not None:
+        return memo.releases
     onprem = {n.id for n in cycle.snap.nodes if n.site == "onprem"}
     kinds = cycle.index.kinds_by_gpu
     acc: list[tuple[float, Kind, int]] = []
@@ -75,7 +85,7 @@ def _releases(cycle: Cycle) -> list[tuple[float, Kind, int]]:
                     per[k] = per.get(k, 0) + 1
             acc.extend((end, k, n) for k, n in per.items())
     acc.sort(key=lambda r: r[0])
-    cycle.notes["onprem_releases"] = acc
+    memo.releases = acc
     return acc
 
 
@@ -86,12 +96,13 @@ def _free_now(cycle: Cycle, kinds: Collection[Kind]) -> int:
 
 def made_room_for(cycle: Cycle) -> frozenset[str]:
     """Jobs the evictors planned evictions for this cycle (their reason names them)."""
-    memo = cycle.notes.get("made_room_for")
-    if memo is not None and memo[0] == len(cycle.evictions):
-        return memo[1]  # type: ignore[no-any-return]
+    memo = cycle.memo(_Kept)
+    kept = memo.room_for
+    if kept is not None and kept[0] == len(cycle.evictions):
+        return kept[1]
     out = frozenset(p.reason.split()[2] for p in cycle.evictions
                     if p.reason.startswith("preempted by "))
-    cycle.notes["made_room_for"] = (len(cycle.evictions), out)
+    memo.room_for = (len(cycle.evictions), out)
     return out
 
 

@@ -153,11 +153,18 @@ class Bin:
     count: int = 1  # instances (a gang takes one per node)
 
 
+@dataclass
+class _ById:
+    """A cycle's memo: the snapshot's offers by id, once asked."""
+
+    offers: dict[str, Offer] | None = None
+
+
 def offers_by_id(cycle: Cycle) -> dict[str, Offer]:
-    out = cycle.notes.get("offers_by_id")
-    if out is None:
-        out = cycle.notes["offers_by_id"] = {o.id: o for o in cycle.snap.offers}
-    return out  # type: ignore[no-any-return]
+    memo = cycle.memo(_ById)
+    if memo.offers is None:
+        memo.offers = {o.id: o for o in cycle.snap.offers}
+    return memo.offers
 
 
 def booting_bins(cycle: Cycle, boot_s: float) -> list[Bin]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
@@ -89,9 +90,21 @@ def _told(cycle: Cycle, job: Job, kept: Reason | None, seen: BurstOutlook, spare
     return out
 
 
+@dataclass
+class _Kept:
+    """A cycle's memo of the outlooks: the fastest boot per list of offers (by id),
+    :func:`_room`'s key with the count of machines rented when it was made, and
+    :func:`_world`'s number once asked (``world_known``)."""
+
+    fastest: dict[int, float] = field(default_factory=dict)
+    room: tuple[int, tuple[Any, ...]] | None = None
+    world: int | None = None
+    world_known: bool = False
+
+
 def _fastest(cycle: Cycle, offers: Sequence[Offer], costs: CostModel) -> float:
     """The fastest boot of ``offers`` (memoised in the cycle per list of offers)."""
-    memo: dict[int, float] = cycle.notes.setdefault("burst_fastest", {})
+    memo = cycle.memo(_Kept).fastest
     out = memo.get(id(offers))
     if out is None:
         out = memo[id(offers)] = min(costs.boot(o) for o in offers)
@@ -128,18 +141,20 @@ def _room(cycle: Cycle, room: Mapping[tuple[str, str], float], rented: int
           ) -> tuple[Any, ...]:
     """``room`` as a key, once per state of it in a cycle (it changes only with the machines
     the cycle rents: ``rented``)."""
-    kept = cycle.notes.get("outlook_room")
+    memo = cycle.memo(_Kept)
+    kept = memo.room
     if kept is None or kept[0] != rented:
-        kept = cycle.notes["outlook_room"] = (rented, tuple(sorted(room.items())))
-    return kept[1]  # type: ignore[no-any-return]
+        kept = memo.room = (rented, tuple(sorted(room.items())))
+    return kept[1]
 
 
 def _world(cycle: Cycle, costs: CostModel) -> int | None:
     """A number for what the choice of an offer depends on besides the job (the offers as
     published, the cost settings, the cycle's time where the objective weighs carbon or
     lateness), the same across cycles while these are (None: not comparable)."""
-    if "outlook_world" in cycle.notes:
-        return cycle.notes["outlook_world"]  # type: ignore[no-any-return]
+    memo = cycle.memo(_Kept)
+    if memo.world_known:
+        return memo.world
     obj = Objective.of(cycle.settings("objective"))
     try:
         seen: tuple[Any, ...] = (costs, obj, None if obj.dollars_only else cycle.now, tuple(
@@ -147,14 +162,14 @@ def _world(cycle: Cycle, costs: CostModel) -> int | None:
              tuple(sorted(o.extra.items()))) for o in cycle.snap.offers))
         hash(seen)
     except TypeError:  # (an extra that is not hashable)
-        cycle.notes["outlook_world"] = None
+        memo.world_known = True  # (and memo.world None)
         return None
     last, n = cycle.memory.outlooks.get("world", (None, 0))
     if last != seen:  # (a new number: what was kept for the old one is never asked again)
         n += 1
         cycle.memory.outlooks["world"] = (seen, n)
-    cycle.notes["outlook_world"] = n
-    return n  # type: ignore[no-any-return]
+    memo.world, memo.world_known = n, True
+    return memo.world
 
 
 def why_burst(job: Job, start: float, now: float) -> str:

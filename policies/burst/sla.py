@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
@@ -73,7 +73,7 @@ from policies.burst.offers import (
     waiting_reason,
 )
 from policies.burst.spot_move import MOVE_DEFAULTS, moving_bins, spot_moves
-from policies.cycle import Cycle
+from policies.cycle import Cycle, wake
 from policies.reasons import dur
 from policies.registry import register
 
@@ -98,6 +98,16 @@ class _Choice:
     offer: Offer
     cost: float
     bin: Bin | None  # an instance this cycle already launches, to share
+
+
+@dataclass
+class _Kept:
+    """A cycle's memo of the burst phase: the on-prem starts forecast for the early spot
+    decision, the queue's forecast, and the offers per shape of job (:func:`_offers_for`)."""
+
+    early_starts: dict[str, float] | None = None
+    forecast: QueueForecast | None = None
+    offers: dict[tuple[object, ...], list[Offer]] = field(default_factory=dict)
 
 
 def target_of(job: Job, cls: PriorityClass) -> float:
@@ -174,7 +184,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         early = _early_spot(cycle, job, cls, cfg, costs, offers, room, new, pos, leaving,
                             target)
         if early is None:
-            _wake(cycle, decide_at)
+            wake(cycle, decide_at)
             outlook.tell(cycle, job, offers, costs, cfg, decide_at, target, room, len(new),
                          lambda: _offer(_cheapest(cycle, job, cls, cfg, costs, offers, room, [],
                                                   target)),
@@ -236,9 +246,10 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
         return None
     start = math.inf
     if not (cfg["spot_failover"] and _spot_interrupted(job)):
-        starts = cycle.notes.get("burst_early_starts")
+        memo = cycle.memo(_Kept)
+        starts = memo.early_starts
         if starts is None:
-            starts = cycle.notes["burst_early_starts"] = onprem_starts(cycle, cycle.blocked)
+            starts = memo.early_starts = onprem_starts(cycle, cycle.blocked)
         if starts.get(job.id, math.inf) <= target:
             return None
         start = _forecast(cycle).start(pos, leaving)
@@ -262,10 +273,10 @@ def _offer(c: _Choice | None) -> Offer | None:
 def _forecast(cycle: Cycle) -> QueueForecast:
     """The on-prem forecasts of the queue's jobs with the jobs leaving it skipped, in one
     sweep per cycle (policies/burst/forecast.py)."""
-    out = cycle.notes.get("burst_forecast")
-    if out is None:
-        out = cycle.notes["burst_forecast"] = QueueForecast(cycle, cycle.blocked)
-    return out  # type: ignore[no-any-return]
+    memo = cycle.memo(_Kept)
+    if memo.forecast is None:
+        memo.forecast = QueueForecast(cycle, cycle.blocked)
+    return memo.forecast
 
 
 def _spot_interrupted(job: Job) -> bool:
@@ -321,7 +332,7 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
 
 def _offers_for(cycle: Cycle, job: Job, cls: PriorityClass) -> list[Offer]:
     """The offers that could hold ``job`` on a market it may use (memoised per shape)."""
-    memo: dict[tuple[object, ...], list[Offer]] = cycle.notes.setdefault("burst_offers", {})
+    memo = cycle.memo(_Kept).offers
     key = (job.res.key, job.spec.sites, cls.name)
     out = memo.get(key)
     if out is None:
@@ -403,8 +414,3 @@ def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float]
     cycle.pending[job.id] = Reason(
         "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "
         f"${c.cost:.2f} to finish it, ready in ~{dur(boot)}")
-
-
-def _wake(cycle: Cycle, at: float) -> None:
-    if cycle.wake_at is None or at < cycle.wake_at:
-        cycle.wake_at = at

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from broker.cycle.plan import Launch, Preempt
@@ -103,10 +104,18 @@ def spot_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel,
 _ONDEMAND = ":ondemand/"  # in offer ids: provider:region:zone:market/type
 
 
+@dataclass
+class _Moving:
+    """A cycle's memo: :func:`_moves` once computed."""
+
+    by_job: dict[str, list[Instance]] | None = None
+
+
 def _moves(cycle: Cycle) -> dict[str, list[Instance]]:
     """Job id -> the live spot instances launched for it while it runs on on-demand machines
     (those that will take it when it moves)."""
-    memo: dict[str, list[Instance]] | None = cycle.notes.get("spot_moves")
+    kept = cycle.memo(_Moving)
+    memo = kept.by_job
     if memo is None:
         ondemand = {i.node_id for i in cycle.snap.instances if i.state is InstanceState.READY
                     and i.node_id and _ONDEMAND in i.offer_id}
@@ -117,7 +126,7 @@ def _moves(cycle: Cycle) -> dict[str, list[Instance]]:
             if not i.ended and ":spot/" in i.offer_id and len(i.for_jobs) == 1 \
                     and i.for_jobs[0] in running:
                 memo.setdefault(i.for_jobs[0], []).append(i)
-        cycle.notes["spot_moves"] = memo
+        kept.by_job = memo
     return memo
 
 

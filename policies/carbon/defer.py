@@ -53,7 +53,7 @@ from policies.carbon.window import (
     slots_for,
     smoothed,
 )
-from policies.cycle import Cycle, deciding
+from policies.cycle import Cycle, deciding, wake
 from policies.registry import register
 
 CODE = reasons.DEFERRED_FOR_CARBON
@@ -215,10 +215,6 @@ def _worth_it(cycle: Cycle, d: Deferral) -> bool:
             and d.start_at - d.now >= float(settings["min_pause_s"]))
 
 
-def _wake(cycle: Cycle, t: float) -> None:
-    cycle.wake_at = t if cycle.wake_at is None else min(cycle.wake_at, t)
-
-
 @register("defer", "carbon", settings=CARBON_DEFAULTS)
 def carbon_defer(cycle: Cycle) -> None:
     """Drop the starts of deferrable jobs that a cleaner window within their deadline awaits;
@@ -238,7 +234,7 @@ def carbon_defer(cycle: Cycle) -> None:
                 continue
             d, zone = found
             cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
-            _wake(cycle, d.start_at)
+            wake(cycle, d.start_at)
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]
@@ -248,7 +244,7 @@ def carbon_defer(cycle: Cycle) -> None:
 def _wake_to_pause(cycle: Cycle, d: Deferral) -> None:
     """A job that runs now but will pause later: wake the cycle when its run ends."""
     if len(d.runs) > 1:
-        _wake(cycle, d.runs[0][1])
+        wake(cycle, d.runs[0][1])
 
 
 def _pause_running(cycle: Cycle) -> None:
@@ -269,4 +265,4 @@ def _pause_running(cycle: Cycle) -> None:
         cycle.evictions.append(Preempt(
             job.id, job.attempt, f"pausing for cleaner power in {zone} until "
             f"{when(d.start_at, d.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
-        _wake(cycle, d.start_at)
+        wake(cycle, d.start_at)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.cycle.plan import Preempt
@@ -56,7 +57,7 @@ from policies.carbon.defer import (
 )
 from policies.carbon.objective import Objective, expected_kg
 from policies.carbon.place import waits_for_low_power
-from policies.cycle import Cycle, deciding
+from policies.cycle import Cycle, deciding, wake
 from policies.order.orderings import spillway
 from policies.place.backfill import Easy
 from policies.reasons import dur
@@ -77,17 +78,20 @@ WAIT_DEFAULTS: dict[str, float] = {
     # class SLA after its submission
 }
 CODE = reasons.DEFERRED_FOR_CARBON
-_NOTE = "carbon_wait_reasons"
+
+
+@dataclass
+class _Waits:
+    """A cycle's memo: why each job the admission refused waits (``carbon-start`` says it)."""
+
+    reasons: dict[str, Reason] = field(default_factory=dict)
 
 
 def _memo(cycle: Cycle) -> dict[tuple[str, int, str], tuple[float, Deferral | None]]:
-    memo = getattr(cycle.memory, "carbon_waits", None)
-    if memo is None:
-        memo = {}
-        cycle.memory.carbon_waits = memo  # type: ignore[attr-defined]
+    memo: dict[tuple[str, int, str], tuple[float, Deferral | None]] = cycle.memory.carbon_waits
     if len(memo) > 100_000:
         memo.clear()
-    return memo  # type: ignore[no-any-return]
+    return memo
 
 
 def job_zone(cycle: Cycle, job: Job) -> str:
@@ -187,10 +191,6 @@ def _worth_it(cycle: Cycle, job: Job, d: Deferral) -> bool:
     return obj.carbon_usd_per_tonne * kg / 1000.0 >= price * gpus * (d.start_at - d.now) / 3600
 
 
-def _wake(cycle: Cycle, t: float) -> None:
-    cycle.wake_at = t if cycle.wake_at is None else min(cycle.wake_at, t)
-
-
 @register("admit", "carbon-wait", settings={**WAIT_DEFAULTS})
 def carbon_wait(cycle: Cycle, job: Job) -> str | None:
     """Refuse (for now) a deferrable job whose cleanest window in its one zone is later."""
@@ -200,8 +200,8 @@ def carbon_wait(cycle: Cycle, job: Job) -> str | None:
     d = decide(cycle, job, zone) if zone else None
     if d is None:
         return _low_power_wait(cycle, job) if zone else None
-    cycle.notes.setdefault(_NOTE, {})[job.id] = reason(d, zone, job.spec.deadline)
-    _wake(cycle, d.start_at)
+    cycle.memo(_Waits).reasons[job.id] = reason(d, zone, job.spec.deadline)
+    wake(cycle, d.start_at)
     return CODE
 
 
@@ -222,11 +222,11 @@ def _low_power_wait(cycle: Cycle, job: Job) -> str | None:
     if low is None:
         return None
     models = ", ".join(sorted({k[0] for k in low}))
-    cycle.notes.setdefault(_NOTE, {})[job.id] = Reason(
+    cycle.memo(_Waits).reasons[job.id] = Reason(
         CODE, f"waiting for lower-power GPUs ({models}) to free up, at most until "
               f"{when(until, cycle.now)}; the GPUs free now need more than {factor:g}x "
               f"the energy for its work")
-    _wake(cycle, until)
+    wake(cycle, until)
     return CODE
 
 
@@ -249,7 +249,7 @@ def _low_power_until(cycle: Cycle, job: Job) -> float:
 def carbon_start(cycle: Cycle) -> None:
     """The waits' reasons; and deferrable jobs placed this cycle (in a zone known only once
     placed) wait for their cleanest non-stop run there."""
-    for job_id, why in cycle.notes.get(_NOTE, {}).items():
+    for job_id, why in cycle.memo(_Waits).reasons.items():
         cycle.pending[job_id] = why
     if not cycle.snap.carbon_forecast:
         return
@@ -266,7 +266,7 @@ def carbon_start(cycle: Cycle) -> None:
                 keep.append((start, started))
                 continue
             cycle.pending[job.id] = reason(d, zone, job.spec.deadline)
-            _wake(cycle, d.start_at)
+            wake(cycle, d.start_at)
     if len(keep) != len(cycle.starts):
         cycle.starts[:] = [s for s, _ in keep]
         cycle.started[:] = [j for _, j in keep]
@@ -289,9 +289,9 @@ def _pause_running(cycle: Cycle) -> None:
             cycle.evictions.append(Preempt(
                 job.id, job.attempt, f"pausing for cleaner power in {zone} for "
                 f"{dur(d.start_at - cycle.now)}", cycle.snap.grace_s, EvictionKind.CARBON))
-            _wake(cycle, d.start_at)
+            wake(cycle, d.start_at)
         elif d.start_at <= cycle.now:
-            _wake(cycle, d.runs[0][1])
+            wake(cycle, d.runs[0][1])
 
 
 def clean_now(cycle: Cycle, zone: str) -> bool | None:

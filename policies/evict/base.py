@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from broker.cycle.plan import Preempt
 from broker.model import Allocation, Job
@@ -94,10 +95,18 @@ def _usable(cycle: Cycle, job: Job, soon: SoonFree) -> list[str]:
     return [nid for nid in soon if nid in nodes and cycle.index.site_ok(nodes[nid], sites)]
 
 
+@dataclass
+class _HostSoon:
+    """A cycle's memo: :func:`_host_soon` once computed."""
+
+    by_node: dict[str, tuple[float, float]] | None = None
+
+
 def _host_soon(cycle: Cycle) -> dict[str, tuple[float, float]]:
     """Node -> (CPUs, memory) free or held by jobs already stopping for a preemption (once
     per cycle)."""
-    out = cycle.notes.get("host_soon")
+    memo = cycle.memo(_HostSoon)
+    out = memo.by_node
     if out is None:
         acc = {nid: [f.cpus, f.mem] for nid, f in cycle.index.nodes.items()}
         for job in cycle.snap.active:
@@ -106,8 +115,8 @@ def _host_soon(cycle: Cycle) -> dict[str, tuple[float, float]]:
                     if a.node_id in acc:
                         acc[a.node_id][0] += job.spec.cpus
                         acc[a.node_id][1] += job.spec.memory_gb
-        out = cycle.notes["host_soon"] = {nid: (c, m) for nid, (c, m) in acc.items()}
-    return out  # type: ignore[no-any-return]
+        out = memo.by_node = {nid: (c, m) for nid, (c, m) in acc.items()}
+    return out
 
 
 def claim(cycle: Cycle, job: Job, soon: SoonFree) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from broker.cycle.plan import Preempt
 from broker.model import Allocation, Job, Reason
@@ -55,6 +56,13 @@ def was_moved(job: Job) -> bool:
         if h.state is JobState.STOPPING:
             return h.kind is EvictionKind.MOVE
     return False
+
+
+@dataclass
+class _Planned:
+    """A cycle's memo: the reservation holder and the jobs planned to move for it."""
+
+    moves: tuple[Job, list[Victim]] | None = None
 
 
 @register("evict", "move", settings=MOVE_DEFAULTS)
@@ -94,11 +102,11 @@ class Move(E.Evictor):
         for v in moved:  # they free their GPUs within the grace period: reserve those
             cycle.ends[v.job.id] = cycle.now + cycle.snap.grace_s
         cycle.shadow = cycle.reserve(job) or cycle.shadow
-        cycle.notes["moves"] = (job, moved)
+        cycle.memo(_Planned).moves = (job, moved)
 
     def evict(self, cycle: Cycle) -> list[Preempt]:
         """The moves planned at the head, unless an earlier evictor is making room already."""
-        planned = cycle.notes.get("moves")
+        planned = cycle.memo(_Planned).moves
         if planned is None or cycle.evictions:
             return []
         holder, moved = planned

@@ -14,14 +14,23 @@ With no cap configured it refuses nothing and costs a dictionary lookup per job.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from broker.model import Job, Reason
 from broker.model.state import JobState
 from policies.cycle import Cycle
 
 CODE = "ClassCap"
-_NOTE = "class_caps"  # cycle.notes: (GPUs held by (team, class), how many starts counted)
 _HOLDING = (JobState.STARTING, JobState.RUNNING)
+
+
+@dataclass
+class _Held:
+    """A cycle's memo: GPUs held per (team, class), and how many of the cycle's starts are
+    counted in it."""
+
+    gpus: Counter[tuple[str, str]] | None = None
+    counted: int = 0
 
 
 def over_cap(cycle: Cycle, job: Job) -> Reason | None:
@@ -43,15 +52,14 @@ def over_cap(cycle: Cycle, job: Job) -> Reason | None:
 def _held(cycle: Cycle) -> Counter[tuple[str, str]]:
     """GPUs held per (team, class): the snapshot's starting and running jobs, then the jobs
     this cycle started so far (counted once each, as the walk goes)."""
-    note = cycle.notes.get(_NOTE)
-    if note is None:
-        held: Counter[tuple[str, str]] = Counter()
+    memo = cycle.memo(_Held)
+    held = memo.gpus
+    if held is None:
+        held = memo.gpus = Counter()
         for j in cycle.snap.active:
             if j.state in _HOLDING:
                 held[(j.team, j.priority)] += j.res.total_gpus
-        note = cycle.notes[_NOTE] = [held, 0]
-    held, counted = note
-    for j, _ in cycle.started[counted:]:
+    for j, _ in cycle.started[memo.counted:]:
         held[(j.team, j.priority)] += j.res.total_gpus
-    note[1] = len(cycle.started)
-    return held  # type: ignore[no-any-return]
+    memo.counted = len(cycle.started)
+    return held

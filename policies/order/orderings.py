@@ -17,6 +17,7 @@ from policies.cycle import Cycle
 from policies.evict.relief import resumes_first
 from policies.order.fairshare import gpus_in_use
 from policies.order.predictor import RuntimePredictor
+from policies.reasons import Weighed
 from policies.registry import register
 
 
@@ -67,7 +68,7 @@ def multifactor(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     Settings (``policy_settings: {multifactor: {...}}``): :data:`SLURM_DEFAULTS`."""
     snapshot = cycle.snap
     rank = _ranks(snapshot)
-    fs = cycle.notes["fairshare"] = cycle.fairshare  # (the reasons say FairShare from it)
+    fs = cycle.memo(Weighed).fairshare = cycle.fairshare  # (the reasons say FairShare from it)
     total = cluster_gpus(snapshot)
     s = cycle.settings("multifactor")
     return sorted(jobs, key=lambda j: (rank.get(j.priority, 0),
@@ -138,7 +139,7 @@ def spillway(cycle: Cycle, jobs: Sequence[Job]) -> list[Job]:
     Settings (``policy_settings: {spillway: {...}}``): :data:`SPILLWAY_DEFAULTS`."""
     snapshot = cycle.snap
     urgent = {c.name: -c.rank for c in snapshot.classes if c.may_preempt}
-    fs = cycle.notes["fairshare"] = cycle.fairshare  # (the reasons say FairShare from it)
+    fs = cycle.memo(Weighed).fairshare = cycle.fairshare  # (the reasons say FairShare from it)
     pred = snapshot.predictor
     holder = snapshot.reservation.job_id if snapshot.reservation else None
     s = cycle.settings("spillway")

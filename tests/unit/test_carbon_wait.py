@@ -12,6 +12,7 @@ from broker.config.core import DEFAULT_CLASSES
 from broker.cycle.plan import Plan
 from broker.cycle.scheduler import run_cycle
 from broker.model import PriorityClass, Site
+from policies.cycle import Memos
 from policies.registry import PolicySet
 from tests.builders import job, node, snapshot
 
@@ -144,15 +145,15 @@ def test_a_running_job_pauses_through_a_dirty_peak(pause: int, deadline: float,
         assert plan.wake_at == 6 * H and "for 6.0h" in plan.preemptions[0].reason
 
 
-class OrderCycle:
-    """Just what an order policy reads of a cycle: its snapshot, time, memory and settings
-    (each at its defaults), no fair share."""
+class OrderCycle(Memos):
+    """Just what an order policy reads of a cycle: its snapshot, time, memory, memos and
+    settings (each at its defaults), no fair share."""
 
     def __init__(self, snap: Any, now: float) -> None:
         from policies.cycle import Memory
 
+        super().__init__()
         self.snap, self.now, self.memory = snap, now, Memory()
-        self.notes: dict[str, Any] = {}
 
     @property
     def fairshare(self) -> dict[str, float]:
