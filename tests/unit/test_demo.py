@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from broker.cli import demo as demo_mod
-from broker.cli.demo import CLOUD_WORKLOAD, WORKLOAD, Board, as_ranges, say
+from broker.cli import demo_board as demo_mod
+from broker.cli.demo_board import CLOUD_WORKLOAD, WORKLOAD, Board, as_ranges, say
 from broker.cli.demo_cloud import Machines, notes
 from broker.model import Allocation, Attempt, Instance, InstanceState, Job, StateChange
 from broker.model.state import JobState

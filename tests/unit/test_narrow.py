@@ -122,7 +122,7 @@ def test_simulate_summary_rows_are_whole(tmp_path: Path, columns: str | None) ->
 def test_demo_board_keeps_its_ids_at_80_columns() -> None:
     from rich.console import Console
 
-    from broker.cli.demo import WORKLOAD, Board
+    from broker.cli.demo_board import WORKLOAD, Board
     from broker.model import Instance, InstanceState, StateChange
     from tests.builders import job
 

@@ -113,7 +113,7 @@ def test_readme_reason_table_has_every_code_explain_gives() -> None:
 
 
 def test_demo_says_why_a_low_job_started_first_and_what_to_try_next() -> None:
-    from broker.cli.demo import closing_notes
+    from broker.cli.demo_board import closing_notes
     from broker.model import Attempt, JobSpec
     from broker.model import Job as J
 

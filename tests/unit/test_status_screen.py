@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from broker.cli.ops import status_screen
+from broker.cli.status_view import status_screen
 
 
 def data(nodes: list[dict[str, Any]]) -> dict[str, Any]:
