@@ -31,7 +31,7 @@ from broker.store.base import BaseStore
 from broker.store.events import JobEvent
 from broker.store.lua import APPEND_LOGS
 from broker.store.node_reports import Registered, Report
-from broker.store.redis_records import HELLO, NodeKeys, append_logs
+from broker.store.redis_keys import HELLO, NodeKeys, append_logs
 
 log = logging.getLogger(__name__)
 

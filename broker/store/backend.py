@@ -1,7 +1,7 @@
 """What a store backend implements: the persistence primitives under
 :class:`broker.store.base.BaseStore`, which holds every rule once. The two backends are
-:mod:`broker.store.redis` (with :mod:`broker.store.redis_records`) and
-:mod:`broker.store.memory`.
+:mod:`broker.store.redis` (with :mod:`broker.store.redis_base`, ``redis_records`` and
+``redis_logs``) and :mod:`broker.store.memory`.
 
 The central one is ``_commit(changes)``: for each Change, atomically check the job's version,
 check that every claimed GPU is free on a live node, write the record, set the claims, drop
@@ -15,14 +15,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.model import Instance, Job, Node, Reason
 from broker.store.leadership import Leadership
 
-if TYPE_CHECKING:  # (for the types only: reading a job needs neither module)
+if TYPE_CHECKING:  # (for the types only: reading a job needs no transition)
     from broker.store import transitions as T
-    from broker.store.instances import Block
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,19 @@ class QueueOrder:
             return None
 
 
+@dataclass(frozen=True)
+class Block:
+    """An offer's zone is not tried until ``until`` (after a capacity failure, a boot
+    timeout or a spot notice; keys: :func:`broker.store.instances.block_key`)."""
+
+    key: str
+    until: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "until": self.until, "reason": self.reason}
+
+
 ORDER_CAP = 10_000  # queue positions recorded per cycle (one value, rewritten each cycle)
 
 
@@ -69,6 +81,13 @@ class Backend(Leadership, ABC):
     @abstractmethod
     def _index(self, which: str) -> list[str]:
         """Job ids in the ``pending``, ``active`` or ``all`` index, oldest first."""
+
+    @abstractmethod
+    def _archive(self, jobs: Sequence[Job]) -> None:
+        """Move finished jobs from the hot keys to the archive (compressed), in one step."""
+
+    @abstractmethod
+    def _load_archived(self, job_id: str) -> Job | None: ...
 
     @abstractmethod
     def _put_node(self, node: Node, lease_expires: float) -> None: ...

@@ -2,45 +2,33 @@
 
 :class:`BaseStore` holds every rule (transitions, fencing, requeue on node death) once; a
 backend supplies a handful of persistence primitives with compare-and-set semantics
-(:mod:`broker.store.backend` lists them).
+(:mod:`broker.store.backend` lists them). This module holds the jobs and the scheduling
+cycle's reads and writes; the job write and its accounting are in :mod:`broker.store.core`,
+nodes and cloud instances in :mod:`broker.store.machines`.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from abc import abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from broker.config.core import Config
 from broker.errors import Conflict, Fenced, JobNotFound, StaleAttempt
-from broker.model import (
-    HistoryEntry,
-    Instance,
-    InstanceState,
-    Job,
-    JobSpec,
-    Node,
-    NodeState,
-    Offer,
-    Reason,
-    Site,
-)
+from broker.model import HistoryEntry, Instance, Job, JobSpec, Node, NodeState, Reason, Site
 from broker.model.state import ACTIVE, TERMINAL, EvictionKind, JobState
-from broker.store.backend import Backend, QueueOrder
-from broker.store.status import CHANGED, FENCED, OK, RETRIES, VERSION, Usage
+from broker.store.backend import QueueOrder
+from broker.store.machines import Machines
+from broker.store.status import CHANGED, FENCED, OK
 
 if TYPE_CHECKING:
     # (the write side's modules and the plan's types are imported where a method uses them:
     # a command that reads jobs loads none of them; tests/unit/test_cli_imports.py)
     from broker.cycle.plan import Applied, Plan, Reservation, Snapshot
-    from broker.store import boots as _boots
-    from broker.store import transitions as T
     from broker.store.events import JobEvent
-    from broker.store.instances import Block
 
 FAILURES_KEPT = 1000  # failed cycles recorded (about 16 minutes of one a second)
 
@@ -49,13 +37,12 @@ def new_job_id() -> str:
     return "j-" + uuid.uuid4().hex[:12]
 
 
-class BaseStore(Backend):
+class BaseStore(Machines):
     """The rules; subclasses provide persistence."""
 
     def __init__(self, config: Config | None = None) -> None:
-        self.config = config or Config()
+        super().__init__(config)
         self._last_reasons: dict[str, Reason] = {}
-        Backend.__init__(self)
         self._last_reservation: str | None = ""
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -97,13 +84,6 @@ class BaseStore(Backend):
         return self._with_reasons([job])[0]
 
     # -- retention -----------------------------------------------------------------------------
-
-    @abstractmethod
-    def _archive(self, jobs: Sequence[Job]) -> None:
-        """Move finished jobs from the hot keys to the archive (compressed), in one step."""
-
-    @abstractmethod
-    def _load_archived(self, job_id: str) -> Job | None: ...
 
     def archive_finished(self, now: float, scan: int = 5000) -> int:
         """Move jobs that finished more than ``retain_finished_s`` ago out of the hot keys
@@ -170,51 +150,6 @@ class BaseStore(Backend):
         return [replace(j, pending_reason=reasons.get(j.id)) if j.id in reasons else j
                 for j in jobs]
 
-    def _update(self, job_id: str, fn: Callable[..., T.Change | None], *args: object) -> Job:
-        """Read, compute a Change with ``fn``, compare-and-set; retry on a lost race."""
-        for _ in range(RETRIES):
-            job = self._load([job_id])[0]
-            if job is None:
-                raise JobNotFound(job_id)
-            change = fn(job, *args)
-            if change is None:
-                return job
-            status = self._commit([change])[0]
-            if status == OK:
-                self._attempt_ended(job, change.job)
-                return change.job
-            if status == FENCED:
-                raise Fenced(self.fence_token() or "")
-            if status != VERSION:
-                raise Conflict(f"job {job_id}: write refused ({status})")
-        raise Conflict(f"job {job_id}: too many concurrent writers")
-
-    def _attempt_ended(self, old: Job, new: Job) -> None:
-        """Account an attempt that just ended: its GPU time goes to the team's fair-share
-        usage, and a job that finished on its own teaches the runtime predictor."""
-        usage = self._usage_of(old, new)
-        if usage is not None:
-            self._add_usage(*usage)
-
-    def _usage_of(self, old: Job, new: Job) -> Usage | None:
-        """The ``_add_usage`` arguments for the change ``old`` -> ``new``; None if it ended no
-        attempt."""
-        if old.state not in ACTIVE or (new.state in ACTIVE and new.attempt == old.attempt):
-            return None
-        att = next((a for a in new.attempts if a.number == old.attempt), None)
-        if att is None or att.ended_at is None or old.started_at is None:
-            return None
-        ran = max(0.0, att.ended_at - old.started_at)
-        sample = None
-        if new.state is JobState.SUCCEEDED and new.attempt == 1:
-            sample = (old.team, old.kind_key, old.res.total_gpus, old.spec.time_limit or 0.0, ran)
-        return (old.team, old.res.total_gpus * ran, att.ended_at,
-                self.config.fairshare_half_life_s, sample)
-
-    def _add_usage_many(self, usages: Sequence[Usage]) -> None:
-        """``_add_usage`` for each, in order (backends may do it in one round trip)."""
-        for usage in usages:
-            self._add_usage(*usage)
 
     def _read_meta(self, cursor: str | None) -> tuple[dict[str, tuple[float, float]],
                                                       list[tuple[str, str, int, float, float]],
@@ -226,19 +161,6 @@ class BaseStore(Backend):
         if cursor is not None:
             samples, cursor = self._read_runtimes(cursor)
         return self._read_usage(), samples, cursor, self._get_reservation()
-
-    def usage(self, now: float, raw: Mapping[str, tuple[float, float]] | None = None
-              ) -> dict[str, float]:
-        """Team -> GPU-seconds of finished attempts, decayed to ``now``."""
-        hl = self.config.fairshare_half_life_s
-        return {t: v * 0.5 ** (max(0.0, now - at) / hl) for t, (v, at) in
-                (self._read_usage() if raw is None else raw).items()}
-
-    def runtimes(self, after: str = "0") -> tuple[list[tuple[str, str, int, float, float]],
-                                                  str]:
-        """The runtime samples of attempts that ended on their own, after the cursor ``after``
-        ("0": from the oldest kept), and the new cursor: (team, name, GPUs, limit, seconds)."""
-        return self._read_runtimes(after)
 
     def report(self, job_id: str, attempt: int, event: JobEvent, now: float) -> Job:
         """An agent's report on its part of an attempt; StaleAttempt if that attempt is over."""
@@ -265,11 +187,6 @@ class BaseStore(Backend):
         returns how many (broker/security/seal.py)."""
         del now
         return 0
-
-    def _cached_jobs(self, job_ids: Sequence[str]) -> list[Job | None]:
-        """The copy of each job this backend holds without a read, if any (a guess: it may be
-        older than the store's)."""
-        return [None] * len(job_ids)
 
     def cancel(self, job_id: str, now: float, reason: str = "Cancelled by user") -> Job:
         from broker.store import transitions as T
@@ -469,158 +386,3 @@ class BaseStore(Backend):
 
         raw = self._get_reservation()
         return Reservation.from_dict(json.loads(raw)) if raw else None
-
-    # -- nodes (broker/store/nodes.py) ---------------------------------------------------------
-
-    def adopt_node(self, node_id: str, incarnation: str, now: float) -> list[Job]:
-        """Take a node's new agent incarnation, requeueing what earlier ones held
-        (broker/store/nodes.py :func:`adopt`)."""
-        from broker.store import nodes as _nodes
-
-        return _nodes.adopt(self, node_id, incarnation, now)
-
-    def take_node_reports(self, limit: int = 1000) -> list[tuple[str, list[tuple[str, Any]]]]:
-        """Agents' waiting reports by node (a backend whose agents write no stream: none)."""
-        return []
-
-    def done_node_reports(self, node_id: str, entry_ids: Sequence[str]) -> None:
-        """Forget reports once applied."""
-
-    def heartbeat(self, node: Node, ttl: float, now: float) -> list[Job]:
-        """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
-        jobs the old one held: their processes died with it. Returns the jobs requeued."""
-        from broker.store import nodes as _nodes
-
-        return _nodes.heartbeat(self, node, ttl, now)
-
-    def set_node_state(self, node_id: str, state: NodeState, by: str = "operator") -> Node:
-        """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
-        on a resume). DOWN is only reached by lease expiry."""
-        from broker.store import nodes as _nodes
-
-        return _nodes.set_node_state(self, node_id, state, by)
-
-    def nodes(self) -> list[Node]:
-        from broker.store import nodes as _nodes
-
-        return _nodes.nodes(self)
-
-    def forget_node(self, node_id: str) -> bool:
-        """Drop a DOWN node from the store (a cloud machine given back: it never returns, and
-        would stay listed DOWN forever). False if it is not DOWN; an agent that registers again
-        later is a new node."""
-        node = next((n for n in self._load_nodes() if n.id == node_id), None)
-        return node is not None and self._forget_node(node_id, node.incarnation)
-
-    def forget_dead_node(self, node_id: str, now: float, force: bool = False) -> list[Job]:
-        """An operator removes a dead node (``spillway nodes --forget``); NodeNotFound,
-        NodeBusy while it is alive or holds jobs (``force``: they are requeued); the jobs
-        requeued (broker/store/nodes.py :func:`forget`)."""
-        from broker.store import nodes as _nodes
-
-        return _nodes.forget(self, node_id, now, force)
-
-    def expire(self, now: float) -> list[Job]:
-        """Mark nodes whose lease lapsed DOWN and requeue their jobs."""
-        from broker.store import nodes as _nodes
-
-        return _nodes.expire(self, now)
-
-    # -- cloud instances (broker/store/instances.py) -------------------------------------------
-
-    def record_instances(self, instances: Sequence[Instance]) -> list[Instance]:
-        """Store new instance records (REQUESTED); a request id already stored is left alone.
-        Returns the records created."""
-        from broker.store import instances as _instances
-
-        return _instances.record(self, instances)
-
-    def instance(self, request_id: str) -> Instance | None:
-        found = self._load_instances([request_id])
-        return found[0][0] if found else None
-
-    def instances(self, live_only: bool = False) -> list[Instance]:
-        """Every instance record (the ledger), oldest request first; ``live_only``: those
-        not TERMINATED or FAILED."""
-        return [i for i, _ in self._load_instances(None, live_only)]
-
-    def update_instance(self, request_id: str,
-                        fn: Callable[[Instance], Instance | None]) -> Instance | None:
-        """Compare-and-set ``fn``'s change of a record (None from ``fn``: no change)."""
-        from broker.store import instances as _instances
-
-        return _instances.update(self, request_id, fn)
-
-    def move_instance(self, request_id: str, to: InstanceState, now: float, reason: str,
-                      **changes: object) -> Instance | None:
-        """Move a record along the instance state table (a move it does not allow from the
-        record's current state leaves it unchanged); the record as stored, or None. The move
-        that makes a record READY (its agent registered) teaches its offer's boot estimate
-        (broker/store/boots.py)."""
-        from broker.store import instances as _instances
-
-        out = _instances.move(self, request_id, to, now, reason, **changes)
-        if to is InstanceState.READY and out is not None and out.ready_at == now \
-                and out.state is InstanceState.READY:
-            self.observe_boot(out.offer_id, now - out.requested_at, now)
-        return out
-
-    def observe_boot(self, offer_id: str, seconds: float, now: float) -> _boots.BootEstimate:
-        """One more machine of ``offer_id`` booted in ``seconds``: its estimate updated."""
-        from broker.store import boots as _boots
-
-        raw = self._load_boots().get(offer_id)
-        est = _boots.BootEstimate.from_json(raw).observed(seconds, now) if raw \
-            else _boots.first(seconds, now)
-        self._put_boot(offer_id, est.to_json())
-        return est
-
-    def boot_estimates(self) -> dict[str, _boots.BootEstimate]:
-        """Each offer's boot estimate, of those that booted a machine, by offer id."""
-        from broker.store import boots as _boots
-
-        return {k: _boots.BootEstimate.from_json(v) for k, v in self._load_boots().items()}
-
-    def boot_seed(self, provider: str) -> float:
-        """The boot of a provider's machines before any was seen: its ``boot_s`` setting,
-        else its kind's default (broker/store/boots.py)."""
-        from broker.store import boots as _boots
-
-        cfg = self.config.providers.get(provider)
-        if cfg is None:
-            return _boots.default_for(provider)
-        return cfg.boot_s if cfg.boot_s is not None else _boots.default_for(cfg.kind)
-
-    def block(self, key: str, until: float, reason: str) -> None:
-        """Cool an offer's zone down until ``until`` (keys: instances.block_key)."""
-        from broker.store.instances import Block
-
-        self._put_block(Block(key, until, reason))
-
-    def blocks(self, now: float) -> dict[str, Block]:
-        """The zones cooling down at ``now``, by key."""
-        return {b.key: b for b in self._load_blocks() if b.until > now}
-
-    def publish_offers(self, offers: Sequence[Offer], now: float) -> None:
-        """Replace the offers the provisioner could rent now (its providers' offers; the
-        scheduler reads them here: cloud credentials stay with the provisioner)."""
-        from broker.store import instances as _instances
-
-        self._put_offers(_instances.offers_doc(offers, now))
-
-    def offers(self, now: float, include_blocked: bool = False) -> list[Offer]:
-        """The published offers, less those whose zone cools down at ``now``, each with its
-        boot estimate in ``extra["boot_s"]`` (broker/store/boots.py)."""
-        from broker.store import boots as _boots
-        from broker.store import instances as _instances
-
-        raw = self._get_offers()
-        offers = _instances.offers_from(raw) if raw else []
-        if not offers:
-            return offers
-        offers = _boots.dressed(offers, self.boot_estimates(), self.boot_seed)
-        if include_blocked:
-            return offers
-        blocked = self.blocks(now)
-        return [o for o in offers if _instances.block_key(
-            o.provider, o.region, o.zone, o.instance_type) not in blocked]

@@ -40,14 +40,14 @@ from broker.store.budgets_redis import RedisBudgets
 
 if TYPE_CHECKING:
     from broker.cycle.plan import Snapshot
-    from broker.store.base import BaseStore
+    from broker.store.core import StoreCore
 
 __all__ = ["DEFAULT_ALERTS", "EPS", "HISTORY_CAP", "WINDOWS", "Budget", "BudgetBook",
            "BudgetError", "MemoryBudgets", "Part", "RedisBudgets", "Refusal", "Reservation",
            "budget_book", "dumps", "parse_alerts", "window_ids", "with_budgets"]
 
 
-def budget_book(store: BaseStore) -> BudgetBook:
+def budget_book(store: StoreCore) -> BudgetBook:
     """The book beside ``store``: on its Redis server (under its prefix), or one kept with an
     in-memory store."""
     client = getattr(store, "redis", None)

@@ -1,5 +1,5 @@
-"""Cloud instances in the store: every launch and termination, and zones cooling down (a mixin
-of :class:`~broker.store.base.BaseStore`, which holds the rules).
+"""Cloud instances in the store: every launch and termination, and zones cooling down (a part
+of the store: its functions take the :class:`~broker.store.core.StoreCore` they work on).
 
 One record per machine, keyed by its request id (the id written into the machine's tags, so a
 restarted provisioner finds the machine again). A Plan's :class:`~broker.cycle.plan.Launch` of
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import Conflict, Fenced, InvalidTransition
 from broker.model import Instance, InstanceState, Market, Offer, Site
+from broker.store.backend import Block as Block  # (kept here for its importers)
 from broker.store.status import FENCED, OK, RETRIES, VERSION
 
 if TYPE_CHECKING:
-    from broker.store.base import BaseStore
+    from broker.store.core import StoreCore
 
 
 def request_ids(request_id: str, count: int) -> list[str]:
@@ -41,20 +41,7 @@ def block_key_of(offer_id: str) -> str:
     return block_key(site.provider, site.region, site.zone, instance_type)
 
 
-@dataclass(frozen=True)
-class Block:
-    """An offer's zone is not tried until ``until`` (after a capacity failure, a boot
-    timeout or a spot notice)."""
-
-    key: str
-    until: float
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "until": self.until, "reason": self.reason}
-
-
-def record(store: BaseStore, instances: Sequence[Instance]) -> list[Instance]:
+def record(store: StoreCore, instances: Sequence[Instance]) -> list[Instance]:
     """Store new REQUESTED records; a request id already stored is left as it is (a Plan
     applied twice, a repeated operator launch). Returns the records this call created."""
     created = []
@@ -67,7 +54,7 @@ def record(store: BaseStore, instances: Sequence[Instance]) -> list[Instance]:
     return created
 
 
-def update(store: BaseStore, request_id: str,
+def update(store: StoreCore, request_id: str,
            fn: Callable[[Instance], Instance | None]) -> Instance | None:
     """Read, change with ``fn`` (None: no change), compare-and-set; retry on a lost race.
     Returns the record as stored after the call; None if there is no such record."""
@@ -89,7 +76,7 @@ def update(store: BaseStore, request_id: str,
     raise Conflict(f"instance {request_id}: too many concurrent writers")
 
 
-def move(store: BaseStore, request_id: str, to: InstanceState, now: float, reason: str,
+def move(store: StoreCore, request_id: str, to: InstanceState, now: float, reason: str,
          **changes: Any) -> Instance | None:
     """Move a record along the instance state table. A record already in ``to`` gets only
     ``changes``; a move the table does not allow from its current state (another writer moved

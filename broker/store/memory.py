@@ -12,9 +12,8 @@ from broker.config.core import Config
 from broker.errors import StaleAttempt
 from broker.model import BY_AGE, Instance, Job, Node, NodeState, Reason
 from broker.model.state import ACTIVE, JobState
-from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
+from broker.store.backend import ORDER_CAP, Block, LogLine, QueueOrder
 from broker.store.base import BaseStore
-from broker.store.instances import Block
 from broker.store.status import BUSY, DEAD, FENCED, OK, VERSION
 from broker.store.transitions import Change
 

@@ -1,5 +1,6 @@
 """Nodes in the store: heartbeats and leases, drains, and requeueing the jobs of a dead node
-(a mixin of :class:`~broker.store.base.BaseStore`, which holds the rules)."""
+(a part of the store: its functions take the :class:`~broker.store.core.StoreCore` they
+work on)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from broker.model.state import ACTIVE
 from broker.store import transitions as T
 
 if TYPE_CHECKING:
-    from broker.store.base import BaseStore
+    from broker.store.core import StoreCore
 
 _FOREVER = 1e300  # (a lease time past any now)
 
 
-def heartbeat(store: BaseStore, node: Node, ttl: float, now: float) -> list[Job]:
+def heartbeat(store: StoreCore, node: Node, ttl: float, now: float) -> list[Job]:
     """Register or renew a node's lease. A new incarnation (the agent restarted) loses the
     jobs the old one held: their processes died with it. Returns the jobs requeued."""
     old = next((n for n in store._load_nodes() if n.id == node.id), None)
@@ -38,7 +39,7 @@ def heartbeat(store: BaseStore, node: Node, ttl: float, now: float) -> list[Job]
     return lost
 
 
-def adopt(store: BaseStore, node_id: str, incarnation: str, now: float) -> list[Job]:
+def adopt(store: StoreCore, node_id: str, incarnation: str, now: float) -> list[Job]:
     """Take a node's new agent incarnation (its Registered report, broker/store/
     node_reports.py): the jobs its earlier incarnations held are requeued (their processes
     died with them; no job was placed on the new one yet: a node takes jobs only once taken),
@@ -51,7 +52,7 @@ def adopt(store: BaseStore, node_id: str, incarnation: str, now: float) -> list[
     store._ack_node(node_id, incarnation)
     return lost
 
-def set_node_state(store: BaseStore, node_id: str, state: NodeState, by: str = "operator") -> Node:
+def set_node_state(store: StoreCore, node_id: str, state: NodeState, by: str = "operator") -> Node:
     """Drain (DRAINING) or resume (READY) a node, as ``by`` (recorded on a drain, cleared
     on a resume). DOWN is only reached by lease expiry."""
     if state is NodeState.DOWN:
@@ -66,10 +67,10 @@ def set_node_state(store: BaseStore, node_id: str, state: NodeState, by: str = "
     store._put_node(new, node.lease_expires)
     return new
 
-def nodes(store: BaseStore) -> list[Node]:
+def nodes(store: StoreCore) -> list[Node]:
     return sorted(store._load_nodes(), key=lambda n: n.id)
 
-def forget(store: BaseStore, node_id: str, now: float, force: bool = False) -> list[Job]:
+def forget(store: StoreCore, node_id: str, now: float, force: bool = False) -> list[Job]:
     """Remove a dead node at an operator's word (``spillway nodes --forget``), as Slurm's
     ``scontrol delete nodename``: refused (NodeBusy) while its agent is alive, since a live
     agent would register it again at its next heartbeat, and while jobs are recorded on it
@@ -103,7 +104,7 @@ def forget(store: BaseStore, node_id: str, now: float, force: bool = False) -> l
     return lost
 
 
-def expire(store: BaseStore, now: float) -> list[Job]:
+def expire(store: StoreCore, now: float) -> list[Job]:
     """Mark nodes whose lease ran out DOWN and requeue the jobs they held."""
     requeued: list[Job] = []
     for node in store._load_nodes():
@@ -113,7 +114,7 @@ def expire(store: BaseStore, now: float) -> list[Job]:
             requeued += _lose_jobs_on(store, node.id, now, f"Node {node.id} lease expired")
     return requeued
 
-def _lose_jobs_on(store: BaseStore, node_id: str, now: float, reason: str) -> list[Job]:
+def _lose_jobs_on(store: StoreCore, node_id: str, now: float, reason: str) -> list[Job]:
     out = []
     for job in store._load(store._index("active")):
         if job is None or node_id not in job.node_ids or job.state not in ACTIVE:

@@ -57,7 +57,8 @@ from broker.config.core import Config
 from broker.model import Instance, Job, Node
 from broker.model.state import ACTIVE, JobState
 from broker.security import seal
-from broker.store.redis_records import NODE_FIELDS, RedisRecords, _str
+from broker.store.redis_keys import NODE_FIELDS, _str
+from broker.store.redis_records import RedisRecords
 
 if TYPE_CHECKING:  # (for the types only: reading a job needs no Change)
     from broker.store.transitions import Change
@@ -84,7 +85,9 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
 class RedisStore(RedisRecords):
     """The store on one Redis server (6.2 or later; not Redis Cluster: a script touches a job,
     its nodes and the indexes together). The jobs are here; the records beside them (nodes,
-    reasons, usage, instances, leadership, logs) in :mod:`broker.store.redis_records`."""
+    reasons, usage, instances, leadership) in :mod:`broker.store.redis_records`, the logs in
+    :mod:`broker.store.redis_logs`, the connection, keys and scripts in
+    :mod:`broker.store.redis_base`."""
 
     def __init__(self, url_or_client: str | redis.Redis, config: Config | None = None,
                  prefix: str = "sw:", cache_size: int = 100_000) -> None:

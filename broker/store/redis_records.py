@@ -1,175 +1,28 @@
-"""The Redis store's records beside the jobs: the keys and scripts of the layout in
-:mod:`broker.store.redis`, and nodes and their allocations, pending reasons, fair-share usage
-and runtime samples, the reservation and the queue order, cloud instances, offers and
-blocks, leadership, and logs. :class:`broker.store.redis.RedisStore` adds the jobs (their
-documents, indexes, snapshot reads and compare-and-set writes) on top.
+"""The Redis store's records beside the jobs and the logs: nodes and their allocations,
+pending reasons, fair-share usage and runtime samples, the reservation and the queue order,
+cloud instances, offers and blocks, and leadership, in the layout of :mod:`broker.store.redis`
+(its keys and scripts: :mod:`broker.store.redis_base`; the logs: :mod:`broker.store.redis_logs`).
+:class:`broker.store.redis.RedisStore` adds the jobs (their documents, indexes, snapshot reads
+and compare-and-set writes) on top.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
-import redis
-from redis.exceptions import NoScriptError
-
-from broker.config.core import Config
-from broker.errors import StaleAttempt
 from broker.model import Instance, Node, NodeState, Reason
-from broker.store.backend import ORDER_CAP, LogLine, QueueOrder
-from broker.store.base import BaseStore
-from broker.store.lua import (
-    ACK_NODE,
-    ACQUIRE,
-    ADD_USAGE,
-    APPEND_LOGS,
-    COMMIT,
-    FORGET_NODE,
-    INSTANCE_CAS,
-    MARK_DOWN,
-    PUT_NODE,
-    RELEASE,
-    RENEW,
-)
+from broker.store.backend import ORDER_CAP, Block, QueueOrder
+from broker.store.redis_keys import NODE_FIELDS, _str
+from broker.store.redis_logs import RedisLogs
 
-if TYPE_CHECKING:  # (made where the blocks are read: reading a job needs none)
-    from broker.store.instances import Block
-
-LOG_MAXLEN = 100_000  # approximate cap (MAXLEN ~) on one attempt's log stream
-LOG_TTL_S = 7 * 86400  # a log stream lives this long after its last line
 RUNTIME_SAMPLES = 50_000  # finished runtimes kept for the predictor
 
 
-#: The fields of a node's hash a snapshot reads (``acked``: the agent incarnation the scheduler
-#: took; a node whose current incarnation it has not taken shows as DOWN).
-NODE_FIELDS = ["doc", "state", "incarnation", "lease_expires", "acked"]
-
-
-#: The stream where an agent says, once, that its node registered (after the store's prefix).
-HELLO = "nodes:hello"
-
-
-@dataclass(frozen=True)
-class NodeKeys:
-    """The keys of one node (after the store's ``prefix``): what its agent may touch
-    (broker/security/acl.py agent_keys gives its user these, as patterns), and the store."""
-
-    prefix: str
-    node_id: str
-
-    @property
-    def node(self) -> str:  # its record: doc, state, incarnation, lease, acked
-        return f"{self.prefix}node:{self.node_id}"
-
-    @property
-    def alloc(self) -> str:  # its GPUs' owners
-        return f"{self.prefix}alloc:{self.node_id}"
-
-    @property
-    def view(self) -> str:  # the jobs placed on it, their attempts and sealed specs
-        return f"{self.prefix}run:{self.node_id}"
-
-    @property
-    def reports(self) -> str:  # its agent's reports, for the leading scheduler
-        return f"{self.prefix}reports:{self.node_id}"
-
-    def logs(self, job_id: str, attempt: int | str) -> str:
-        """Its log stream of one attempt (each node of a gang writes its own)."""
-        return f"{self.prefix}logs:{job_id}:{attempt}@{self.node_id}"
-
-
-def _str(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-class RedisRecords(BaseStore):
+class RedisRecords(RedisLogs):
     """Everything of the Redis store but the jobs (abstract: see :class:`RedisStore`)."""
-
-    def __init__(self, client: redis.Redis, config: Config | None, prefix: str) -> None:
-        super().__init__(config)
-        self._parsed_nodes: dict[str, tuple[bytes | str, Node]] = {}
-        self._gather = threading.local()  # .pipe: apply()'s last writes, sent together
-        self.redis = client
-        self.prefix = prefix
-        self._commit_script = self.redis.register_script(COMMIT)
-        self._put_node_script = self.redis.register_script(PUT_NODE)
-        self._mark_down_script = self.redis.register_script(MARK_DOWN)
-        self._append_script = self.redis.register_script(APPEND_LOGS)
-        p = prefix
-        self._k_all, self._k_pending, self._k_active = (
-            f"{p}jobs:all", f"{p}jobs:pending", f"{p}jobs:active")
-        self._k_nodes, self._k_node_seq, self._k_reasons = (
-            f"{p}nodes", f"{p}nodes:seq", f"{p}reasons")
-        self._k_ver_pending, self._k_ver_active = f"{p}ver:pending", f"{p}ver:active"
-        self._k_usage, self._k_runtimes, self._k_reservation = (
-            f"{p}usage", f"{p}runtimes", f"{p}reservation")
-        self._usage_script = self.redis.register_script(ADD_USAGE)
-        self._k_order, self._k_failures = f"{p}order", f"{p}cycle:failures"
-        self._k_archive = f"{p}archive"
-        self._k_leader, self._k_epoch = f"{p}leader", f"{p}leader:epoch"
-        self._acquire_script = self.redis.register_script(ACQUIRE)
-        self._renew_script = self.redis.register_script(RENEW)
-        self._release_script = self.redis.register_script(RELEASE)
-        self._instance_script = self.redis.register_script(INSTANCE_CAS)
-        self._forget_script = self.redis.register_script(FORGET_NODE)
-        self._ack_script = self.redis.register_script(ACK_NODE)
-        self._k_instances, self._k_live = f"{p}instances", f"{p}instances:live"
-        self._k_blocks = f"{p}blocks"
-        self._report_nodes: list[str] = []  # the nodes whose report streams the last take read
-        self._reports_done: dict[str, list[str]] = {}  # applied, deleted with the next take
-
-    # -- keys ----------------------------------------------------------------------------------
-
-    def _k_job(self, job_id: str) -> str:
-        return f"{self.prefix}job:{job_id}"
-
-    def _k_node(self, node_id: str) -> str:
-        return NodeKeys(self.prefix, node_id).node
-
-    def _k_alloc(self, node_id: str) -> str:
-        return NodeKeys(self.prefix, node_id).alloc
-
-    def _k_logs(self, job_id: str, attempt: int, node_id: str) -> str:
-        return NodeKeys(self.prefix, node_id).logs(job_id, attempt)
-
-    def _k_view(self, node_id: str) -> str:
-        return NodeKeys(self.prefix, node_id).view
-
-    def _k_reports(self, node_id: str) -> str:
-        return NodeKeys(self.prefix, node_id).reports
-
-    @property
-    def _k_hello(self) -> str:
-        return f"{self.prefix}{HELLO}"
-
-    def _run_scripts(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
-        """Run Lua scripts (script, keys, args) in one pipelined round trip, by their SHA.
-        (A redis-py pipeline asks the server first whether its scripts exist, a round trip
-        more every time; here a script the server lost, after a restart or SCRIPT FLUSH, is
-        loaded when it answers NOSCRIPT and only the refused calls run again.)"""
-        pipe = self.redis.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        out = pipe.execute(raise_on_error=False)
-        missing = [i for i, r in enumerate(out) if isinstance(r, NoScriptError)]
-        if missing:
-            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                script.sha = self.redis.script_load(script.script)
-            pipe = self.redis.pipeline(transaction=False)
-            for i in missing:
-                script, keys, args = calls[i]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            for i, r in zip(missing, pipe.execute(raise_on_error=False)):
-                out[i] = r
-        for r in out:
-            if isinstance(r, Exception):
-                raise r
-        return out
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -296,26 +149,6 @@ class RedisRecords(BaseStore):
             })
         if gathered is None:
             pipe.execute()
-
-    @contextmanager
-    def _gathered(self) -> Iterator[None]:
-        """Reasons, queue order and reservation written inside the block go in one
-        transaction (MULTI/EXEC), sent when the block ends."""
-        if getattr(self._gather, "pipe", None) is not None:
-            yield
-            return
-        self._gather.pipe = pipe = self.redis.pipeline(transaction=True)
-        try:
-            yield
-        finally:
-            self._gather.pipe = None
-        if pipe.command_stack:
-            pipe.execute()
-
-    def _writer(self) -> Any:
-        """Where a write goes: the gathered pipeline inside :meth:`_gathered`, else Redis."""
-        pipe = getattr(self._gather, "pipe", None)
-        return self.redis if pipe is None else pipe
 
     def _read_reasons(self, job_ids: Sequence[str]) -> list[Reason | None]:
         if not job_ids:
@@ -447,8 +280,6 @@ class RedisRecords(BaseStore):
         return {_str(k): _str(v) for k, v in self.redis.hgetall(f"{self.prefix}boots").items()}
 
     def _load_blocks(self) -> list[Block]:
-        from broker.store.instances import Block
-
         out = []
         for key, raw in self.redis.hgetall(self._k_blocks).items():
             until, reason = json.loads(raw)
@@ -478,99 +309,3 @@ class RedisRecords(BaseStore):
     def store_started_at(self, now: float) -> float:
         """When the Redis server started (its uptime, against ``now``)."""
         return now - float(self.redis.info("server")["uptime_in_seconds"])
-
-    # -- logs ----------------------------------------------------------------------------------
-
-    def append_logs(self, job_id: str, attempt: int, lines: Sequence[tuple[str, str]],
-                    now: float, node_id: str = "") -> None:
-        if not node_id:  # (a caller that is no agent: the node of the job's first part)
-            job = self._load([job_id])[0]
-            node_id = job.allocations[0].node_id if job is not None and job.allocations \
-                else ""
-        try:
-            append_logs(self._append_script, self.prefix, node_id, job_id, attempt, lines,
-                        now)
-        except StaleAttempt:  # (say what the job is at: the store may read its record)
-            job = self._load([job_id])[0]
-            raise StaleAttempt(job_id, attempt, job.attempt if job else 0,
-                               job.state.value if job else "MISSING") from None
-
-    def read_logs(self, job_id: str, attempt: int, cursor: str = "0", limit: int = 1000,
-                  block_s: float = 0.0) -> list[LogLine]:
-        """The attempt's lines after ``cursor``, from the log stream of each node it ran on
-        (one for most jobs; a gang's are merged by time, and then the cursor holds a position
-        per node: ``<node>=<entry id>`` joined by ``,``). As in MemoryStore, "", "0" and "$"
-        all mean "from the first line"."""
-        if limit <= 0:
-            return []
-        nodes = self._log_nodes(job_id, attempt)
-        if not nodes:  # (not placed yet: nothing to read; a blocking read waits all the same)
-            if block_s > 0:
-                time.sleep(block_s)
-            return []
-        at = _cursor_positions(cursor, nodes)
-        block = max(1, int(block_s * 1000)) if block_s > 0 else None
-        keys = {self._k_logs(job_id, attempt, n): n for n in nodes}
-        reply = self.redis.xread({k: at[n] for k, n in keys.items()}, count=limit,
-                                 block=block)
-        if not reply:
-            return []
-        if isinstance(reply, dict):  # RESP3: {key: [[entry, ...]]}
-            streams = [(_str(k), entries) for k, v in reply.items() for entries in v]
-        else:  # RESP2: [[key, [entry, ...]]]
-            streams = [(_str(k), entries) for k, entries in reply]
-        rows: list[tuple[float, str, str, str, str]] = []
-        for key, entries in streams:
-            for entry in entries:
-                entry_id, fields = entry[0], entry[1]  # type: ignore[index]
-                f = {_str(k): v for k, v in fields.items()}  # type: ignore[union-attr]
-                rows.append((float(_str(f["t"])), keys[key], _str(entry_id), _str(f["s"]),
-                             _str(f["x"])))
-        if len(nodes) > 1:
-            rows.sort(key=lambda r: r[0])  # (stable: one node's lines keep their order)
-        out = []
-        for t, node, entry_id, stream, text in rows[:limit]:
-            at[node] = entry_id
-            pos = entry_id if len(nodes) == 1 else ",".join(f"{n}={at[n]}" for n in nodes)
-            out.append(LogLine(pos, t, stream, text))
-        return out
-
-    def _log_nodes(self, job_id: str, attempt: int) -> list[str]:
-        """The nodes attempt ``attempt`` of the job ran (or runs) on, in rank order."""
-        job = self._load([job_id])[0] or self._load_archived(job_id)
-        if job is None:
-            return []
-        allocs = job.allocations if job.attempt == attempt and job.allocations else next(
-            (a.allocations for a in job.attempts if a.number == attempt), ())
-        return list(dict.fromkeys(a.node_id for a in sorted(allocs, key=lambda a: a.rank)))
-
-
-def _cursor_positions(cursor: str, nodes: Sequence[str]) -> dict[str, str]:
-    """Each node's stream position in a cursor ("", "0", "$": from the first line; an entry
-    id, for one node; ``node=id,...`` for several)."""
-    at = dict.fromkeys(nodes, "0")
-    if cursor in ("", "0", "$"):
-        return at
-    if "=" not in cursor:
-        at[nodes[0]] = cursor
-        return at
-    for item in cursor.split(","):
-        node, _, pos = item.partition("=")
-        if node in at and pos:
-            at[node] = pos
-    return at
-
-
-def append_logs(script: Any, prefix: str, node_id: str, job_id: str, attempt: int,
-                lines: Sequence[tuple[str, str]], now: float, client: Any = None) -> None:
-    """Append lines to node ``node_id``'s log stream of the attempt while the node's view
-    holds that attempt (broker/store/lua.py APPEND_LOGS: an agent's own call, with its
-    ``client``, and the store's); StaleAttempt otherwise."""
-    args: list[Any] = [attempt, repr(float(now)), LOG_MAXLEN, LOG_TTL_S, job_id]
-    for stream, text in lines:
-        args += [stream, text]
-    k = NodeKeys(prefix, node_id)
-    keys = [k.view, k.logs(job_id, attempt)]
-    res = script(keys, args, client=client)
-    if int(res[0]) != 1:
-        raise StaleAttempt(job_id, attempt, int(_str(res[1])), _str(res[2]))

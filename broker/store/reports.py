@@ -1,5 +1,6 @@
 """Agents' reports in batches: several reports, one read and one compare-and-set write per job
-(a mixin of :class:`~broker.store.base.BaseStore`, which holds the rules)."""
+(a part of the store: its functions take the :class:`~broker.store.core.StoreCore` they
+work on)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from broker.store.events import JobEvent
 from broker.store.status import FENCED, OK, RETRIES, VERSION, Usage
 
 if TYPE_CHECKING:
-    from broker.store.base import BaseStore
+    from broker.store.core import StoreCore
 
 
-def report_many(store: BaseStore, reports: Sequence[tuple[str, int, JobEvent, float]]
+def report_many(store: StoreCore, reports: Sequence[tuple[str, int, JobEvent, float]]
                 ) -> list[Job | Exception]:
     """Several reports (job id, attempt, event, time), with the outcome of calling
     :meth:`report` for each in turn, in a few round trips: the jobs are read together, the
