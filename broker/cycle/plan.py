@@ -114,6 +114,7 @@ class Preempt:
     reason: str  # for people: who it makes room for
     grace_s: float
     kind: EvictionKind = EvictionKind.PRIORITY  # why, typed: recorded in the job's history
+    for_job: str | None = None  # the pending job it makes room for (None: no one job)
 
 
 @dataclass(frozen=True)

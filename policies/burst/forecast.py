@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from broker.model import Job
+from policies.burst.evictions import preempted_for
 from policies.cycle import Cycle
 from policies.place.placement import Kind
 
@@ -95,13 +96,12 @@ def _free_now(cycle: Cycle, kinds: Collection[Kind]) -> int:
 
 
 def made_room_for(cycle: Cycle) -> frozenset[str]:
-    """Jobs the evictors planned evictions for this cycle (their reason names them)."""
+    """Jobs the evictors planned preemptions for this cycle (policies/burst/evictions.py)."""
     memo = cycle.memo(_Kept)
     kept = memo.room_for
     if kept is not None and kept[0] == len(cycle.evictions):
         return kept[1]
-    out = frozenset(p.reason.split()[2] for p in cycle.evictions
-                    if p.reason.startswith("preempted by "))
+    out = frozenset(j for j in map(preempted_for, cycle.evictions) if j is not None)
     memo.room_for = (len(cycle.evictions), out)
     return out
 

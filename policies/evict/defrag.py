@@ -116,7 +116,7 @@ class Move(E.Evictor):
                          f"nodes to make whole nodes for it: {ids}")
         return [Preempt(v.job.id, v.job.attempt, f"moved to make whole nodes for {holder.id}: "
                         "restarts from its checkpoint on free GPUs elsewhere",
-                        cycle.snap.grace_s, EvictionKind.MOVE)
+                        cycle.snap.grace_s, EvictionKind.MOVE, holder.id)
                 for v in moved]
 
 

@@ -68,7 +68,7 @@ class Priority(E.Evictor):
                             soon[nid][kind] += n
                     out.append(Preempt(v.job.id, v.job.attempt,
                                        f"preempted by {job.id} ({job.priority}, team {job.team})",
-                                       snap.grace_s, _kind(cycle, job, by_class, v.job)))
+                                       snap.grace_s, _kind(cycle, job, by_class, v.job), job.id))
                 E.claim(cycle, job, soon)
                 code = "Preempting" if by_class else "Quota"
                 cycle.pending[job.id] = Reason(code, f"evicting {len(chosen)} job(s) to make room: "

@@ -145,7 +145,7 @@ class Relief(E.Evictor):
             return [Preempt(v.job.id, v.job.attempt,
                             f"yielded to {holder.id}, which had waited {spared:.0f}x its "
                             "runtime: restarts from its checkpoint ahead of the queue",
-                            snap.grace_s, EvictionKind.RELIEF)
+                            snap.grace_s, EvictionKind.RELIEF, holder.id)
                     for v in chosen]
         return []  # (it failed on the holder: set aside)
 

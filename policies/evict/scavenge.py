@@ -56,6 +56,7 @@ class Scavenge(E.Evictor):
             cycle.pending[holder.id] = Reason("Resources", "its reservation is due: evicting "
                                               f"{len(chosen)} job(s) that used its GPUs meanwhile")
             return [Preempt(v.job.id, v.job.attempt, f"backfill window closed: the reservation of "
-                            f"{holder.id} is due", cycle.snap.grace_s, EvictionKind.SCAVENGE)
+                            f"{holder.id} is due", cycle.snap.grace_s, EvictionKind.SCAVENGE,
+                            holder.id)
                     for v in chosen]
         return []  # (it failed on the holder: set aside)

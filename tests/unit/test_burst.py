@@ -206,6 +206,7 @@ def test_preempt_or_burst(prefer: int, launches: list[Any], evictions: set[str])
                  settings={"preempt_or_burst": prefer})
     assert launched(plan) == launches
     assert {p.job_id for p in plan.preemptions} == evictions
+    assert all(p.for_job == "p" for p in plan.preemptions)
 
 
 def test_preempt_or_burst_cheaper_bursts_when_victims_lose_much() -> None:

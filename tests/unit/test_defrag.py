@@ -120,7 +120,7 @@ def test_defrag(nodes, active, queue, policy, kw, moved) -> None:  # type: ignor
         assert plan.pending[head].code == "Resources"
         assert "moving" in plan.pending[head].message
         for p in plan.preemptions:
-            assert p.kind is EvictionKind.MOVE
+            assert p.kind is EvictionKind.MOVE and p.for_job == head
             assert p.reason.startswith(f"moved to make whole nodes for {head}")
 
 

@@ -223,7 +223,7 @@ def test_preemptions_carry_grace_and_attempt() -> None:
                           grace_s=7.5), POLICY)
     assert sorted((p.job_id, p.attempt, p.grace_s) for p in plan.preemptions) == [
         ("v1", 3, 7.5), ("v2", 1, 7.5)]
-    assert all("crit" in p.reason for p in plan.preemptions)
+    assert all("crit" in p.reason and p.for_job == "crit" for p in plan.preemptions)
     assert "v1" in plan.pending["crit"].message and "v2" in plan.pending["crit"].message
 
 

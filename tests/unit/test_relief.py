@@ -96,7 +96,7 @@ def test_relief(active, queue, policy, kw, victims) -> None:  # type: ignore[no-
         assert reason.code == "Resources"
         assert f"evicting {len(victims)} long checkpointable job(s)" in reason.message
         for p in plan.preemptions:
-            assert p.kind is EvictionKind.RELIEF
+            assert p.kind is EvictionKind.RELIEF and p.for_job == "w"
             assert p.reason.startswith("yielded to w,")
             assert p.grace_s == snap([], [], []).grace_s
 
