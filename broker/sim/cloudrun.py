@@ -15,23 +15,43 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cloud.lifecycle import NodeUse, Verdict, scale_down
 from broker.cycle.plan import Plan, Snapshot
-from broker.model import InstanceState, NodeState
+from broker.model import InstanceState, Node, NodeState
 from broker.model.state import ACTIVE, LEAVES_MACHINE, EvictionKind, JobState
 from broker.sim.cloud import Clouds, CloudSpec, SimInstance
+from broker.sim.runs import SimRun
 
 if TYPE_CHECKING:
-    from broker.sim.engine import Simulation, _Run
+    from broker.sim.cluster import Cluster
+    from broker.sim.types import JobRecord
+    from broker.store.memory import MemoryStore
 
 BOOT, NOTICE, GONE, IDLE = 4, 5, 6, 7  # event kinds (after the engine's own)
 _LEASE = 1e15
 
 
+class Host(Protocol):
+    """What a :class:`CloudRun` sees of its simulation (broker/sim/engine.py
+    :class:`~broker.sim.engine.Simulation`): its store, nodes and clock, and the GPU counts it
+    keeps up to date as cloud nodes come, drain and go."""
+
+    store: MemoryStore
+    cluster: Cluster
+    node_by_id: dict[str, Node]
+    records: dict[str, JobRecord]
+    stop_delay_s: float
+    devices: int  # GPUs on nodes that take jobs
+    busy_off: int  # busy GPUs on cloud nodes that take no new job
+    cloud_busy: int  # busy GPUs on cloud nodes
+
+    def _push(self, t: float, kind: int, job_id: str, attempt: int = 0) -> None: ...
+
+
 class CloudRun:
-    def __init__(self, sim: Simulation, spec: CloudSpec, seed: int) -> None:
+    def __init__(self, sim: Host, spec: CloudSpec, seed: int) -> None:
         self.sim, self.spec = sim, spec
         self.clouds = Clouds(spec, seed)
         self.by_node: dict[str, SimInstance] = {}
@@ -182,7 +202,7 @@ class CloudRun:
 
     # -- jobs on cloud nodes --------------------------------------------------------------
 
-    def moved(self, run: _Run, sign: int, now: float) -> None:
+    def moved(self, run: SimRun, sign: int, now: float) -> None:
         """A job started (+1) on or left (-1) its nodes; idle nodes get a release check."""
         per = run.gpus // max(1, len(run.nodes))
         for nid in run.nodes:

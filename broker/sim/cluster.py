@@ -18,7 +18,7 @@
     policies:                      # optional: bundles built of registered policies, by name
       backfill-only: {order: multifactor, reserve: easy, evict: []}
     cloud: {sites: [...]}          # optional: cloud sites to burst to (broker/sim/cloud.py)
-    budgets: {vision: {amount: 200}}  # optional: team caps (broker/sim/ledger.py)
+    budgets: {vision: {amount: 200}}  # optional: team caps (kept by broker/sim/ledger.py)
     settings:                      # optional; checked by policies/settings.py
       spillway: {fairshare_tier: 0.85}   # policy knobs, passed to the policies
       fairshare_half_life_s: 86400   # these three override the Config's: also min_runtime_s,
@@ -55,8 +55,7 @@ from broker.config.core import (
 from broker.errors import ConfigError
 from broker.model import Gpu, Node, NodeState
 from broker.sim.cloud import CloudSpec, parse_cloud
-from broker.sim.ledger import parse_budgets
-from broker.store.budgets import Budget
+from broker.store.budgets import Budget, BudgetError
 from policies.registry import PolicySet
 from policies.settings import check_bundles, check_settings
 from workers.discovery import inventory_from_data, static_inventory
@@ -178,6 +177,35 @@ def cluster_from_data(data: Any, source: str = "cluster", default_name: str = "c
                    settings=MappingProxyType(settings), policies=MappingProxyType(bundles),
                    cloud=cloud,
                    budgets=parse_budgets(data.get("budgets"), f"{source}: budgets"))
+
+
+BUDGET_KEYS = ("amount", "window", "hard", "alerts")
+
+
+def parse_budgets(raw: Any, where: str) -> tuple[Budget, ...]:
+    """A cluster file's ``budgets`` section (empty when absent); ConfigError naming the key."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must map a team to its cap, e.g. "
+                          "{vision: {amount: 200, window: total, hard: true}}")
+    out = []
+    for team, spec in raw.items():
+        at = f"{where}.{team}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(BUDGET_KEYS)}")
+        unknown = sorted(str(k) for k in spec if k not in BUDGET_KEYS)
+        if unknown:
+            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(BUDGET_KEYS)}")
+        if "amount" not in spec:
+            raise ConfigError(f"{at}.amount: is required, dollars per window")
+        try:
+            out.append(Budget(str(team), spec["amount"], str(spec.get("window", "total")),
+                              bool(spec.get("hard", True)),
+                              tuple(spec.get("alerts", (50, 80, 100)))))
+        except (BudgetError, TypeError) as e:
+            raise ConfigError(f"{at}.{e}") from None
+    return tuple(out)
 
 
 def _node_group(item: Any, where: str) -> list[Node]:

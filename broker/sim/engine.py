@@ -20,8 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from broker.cloud.spot_signals import SpotSignals
@@ -45,77 +44,15 @@ from broker.sim.cluster import Cluster
 from broker.sim.energy import RunPiece, SimEnergy
 from broker.sim.invariants import InvariantChecker
 from broker.sim.ledger import SimBudgets
-from broker.sim.types import JobRecord, Sample, SimResult, Trace, TraceJob
+from broker.sim.runs import ARRIVE, END, STOP, WAKE, SimRun, TrueRuntimes
+from broker.sim.types import JobRecord, Progress, ProgressFn, Sample, SimResult, Trace, TraceJob
 from broker.store.events import STOPPED, Exited, Started
 from broker.store.memory import MemoryStore
 from policies.registry import PolicySet, settings_of
 
-ARRIVE, END, STOP, WAKE = 0, 1, 2, 3  # event kinds; at one instant ends go before arrivals
-# (cloud instances' events, broker/sim/cloudrun.py, are kinds 4 and up)
 _LEASE = 1e15
 PROGRESS_EVERY_S = 0.25  # at most this often, a progress callback is told how far the run is
 _CHECK_EVERY = 64  # instants between two looks at the wall clock
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far a run is: what a progress callback receives (it changes nothing in the run)."""
-
-    policy: str
-    arrived: int  # jobs submitted so far
-    total: int  # jobs the run will submit (the feasible ones)
-    sim_s: float  # simulated seconds since the trace's start
-    span_s: float  # the trace's last submit time (seconds since its start)
-    wall_s: float
-    origin: float = 0.0  # epoch seconds of sim_s == 0
-    done: bool = False
-
-
-ProgressFn = Callable[[Progress], None]
-
-
-@dataclass
-class _Run:
-    """A simulated process: one attempt of one job."""
-
-    attempt: int
-    started: float
-    end_at: float
-    rate: float  # work (trace seconds) done per second on these GPUs
-    killed: bool  # ends at its time limit, not on its own
-    gpus: int
-    nodes: tuple[str, ...] = ()
-    model: str = ""  # the GPU model and the site it runs on (carbon and cost accounting)
-    site: str = "onprem"
-
-
-class _TrueRuntimes:
-    """An oracle in the runtime predictor's place (``--oracle-runtimes``): every job's
-    estimate is its true runtime, so the policies plan as if users' estimates were exact. A
-    running attempt's is its simulated run (start to end, its time limit included); a queued
-    job's, the trace seconds it has left (on the trace's own GPU speed). Only for measuring
-    what runtime knowledge is worth: no real scheduler has it."""
-
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
-        self.observed = 0
-
-    @property
-    def version(self) -> int:  # a queued job's estimate changes only when it is stopped
-        return self.observed
-
-    def observe(self, keys: tuple[Any, ...], runtime_s: float) -> None:
-        del keys, runtime_s
-        self.observed += 1
-
-    def estimate(self, job: Job, quantile: float | None = None) -> float:
-        del quantile
-        run = self.sim.runs.get(job.id)
-        if run is not None and run.attempt == job.attempt:
-            return run.end_at - run.started
-        left = self.sim.work_left.get(job.id, math.inf)
-        limit = job.spec.time_limit
-        return min(left, limit) if limit else left
 
 
 class Simulation:
@@ -144,8 +81,6 @@ class Simulation:
         # predictor, caches, and the carbon signals of the run's series
         # (broker/energy/carbon_signals.py)
         self.snapshots = SnapshotBuilder(self.store, self.config, sim_signals(energy, cluster))
-        if oracle_runtimes:
-            self.snapshots.predictor = _TrueRuntimes(self)
         self.node_by_id = {n.id: n for n in cluster.nodes}
         self.stop_delay_s = min(stop_delay_s, self.config.grace_s)
         self.checker = InvariantChecker(self.store) if check_invariants else None
@@ -153,9 +88,11 @@ class Simulation:
         self.classes = {c.name: c for c in cluster.classes}
         self.records: dict[str, JobRecord] = {}
         self.samples: list[Sample] = []
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, SimRun] = {}
         self.work_left: dict[str, float] = {}  # trace seconds still to run
         self.trace_jobs: dict[str, TraceJob] = {}
+        if oracle_runtimes:
+            self.snapshots.predictor = TrueRuntimes(self.runs, self.work_left)
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.busy = 0
@@ -366,7 +303,7 @@ class Simulation:
         limit = tj.time_limit_s
         killed = need > limit
         end = now + (limit if killed else need)
-        self.runs[job.id] = _Run(job.attempt, now, end, rate, killed, job.res.total_gpus,
+        self.runs[job.id] = SimRun(job.attempt, now, end, rate, killed, job.res.total_gpus,
                                  job.node_ids, model,
                                  self.node_by_id[job.allocations[0].node_id].site)
         if self.cloud is not None:

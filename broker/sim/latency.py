@@ -24,7 +24,8 @@ from broker.model import Job
 from broker.model.state import JobState
 from broker.sim.cloudrun import BOOT, IDLE, CloudRun
 from broker.sim.cluster import Cluster
-from broker.sim.engine import END, WAKE, Simulation
+from broker.sim.engine import Simulation
+from broker.sim.runs import END, WAKE
 from broker.sim.types import Trace
 from policies.registry import PolicySet
 

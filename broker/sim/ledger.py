@@ -14,58 +14,41 @@ teams it was launched for) before the next snapshot is read, and its reservation
 the end the machines still up are charged to the horizon, and ``budget_overruns`` counts the
 (team, window) pairs whose hard cap the charges passed: it must be 0. The simulator's clock
 starts at 0, so its windows count from 1970-01-01 UTC (a ``total`` cap is the usual choice).
+The ``budgets`` section is read with the rest of the cluster file (broker/sim/cluster.py
+:func:`~broker.sim.cluster.parse_budgets`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cycle.plan import Plan
-from broker.errors import ConfigError
 from broker.model import Instance, InstanceState
 from broker.money.ledger import Machine, charge_instance, payers_of, reserve_plan, uses_by_node
-from broker.store.budgets import EPS, Budget, BudgetBook, BudgetError, budget_book
+from broker.store.budgets import EPS, Budget, BudgetBook, budget_book
 from broker.store.instances import request_ids
 
 if TYPE_CHECKING:
     from broker.sim.cloud import SimInstance
-    from broker.sim.engine import Simulation
+    from broker.sim.cloudrun import CloudRun
+    from broker.store.memory import MemoryStore
 
-BUDGET_KEYS = ("amount", "window", "hard", "alerts")
 
+class Host(Protocol):
+    """What :class:`SimBudgets` sees of its simulation (broker/sim/engine.py
+    :class:`~broker.sim.engine.Simulation`): its store and its clouds (read when used: a
+    simulation may replace its clouds after the budgets are made)."""
 
-def parse_budgets(raw: Any, where: str) -> tuple[Budget, ...]:
-    """A cluster file's ``budgets`` section (empty when absent); ConfigError naming the key."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: must map a team to its cap, e.g. "
-                          "{vision: {amount: 200, window: total, hard: true}}")
-    out = []
-    for team, spec in raw.items():
-        at = f"{where}.{team}"
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{at}: must be a mapping with {', '.join(BUDGET_KEYS)}")
-        unknown = sorted(str(k) for k in spec if k not in BUDGET_KEYS)
-        if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(BUDGET_KEYS)}")
-        if "amount" not in spec:
-            raise ConfigError(f"{at}.amount: is required, dollars per window")
-        try:
-            out.append(Budget(str(team), spec["amount"], str(spec.get("window", "total")),
-                              bool(spec.get("hard", True)),
-                              tuple(spec.get("alerts", (50, 80, 100)))))
-        except (BudgetError, TypeError) as e:
-            raise ConfigError(f"{at}.{e}") from None
-    return tuple(out)
+    store: MemoryStore
+    cloud: CloudRun | None
+
 
 
 class SimBudgets:
     """One simulation's budgets (see the module docstring)."""
 
-    def __init__(self, sim: Simulation, budgets: tuple[Budget, ...]) -> None:
+    def __init__(self, sim: Host, budgets: tuple[Budget, ...]) -> None:
         self.sim = sim
         self.book: BudgetBook = budget_book(sim.store)
         for b in budgets:

@@ -1,8 +1,9 @@
-"""Plain records the simulator passes between its parts (trace -> engine -> metrics -> report)."""
+"""Plain records the simulator passes between its parts (trace -> engine -> metrics -> report),
+and the progress a run reports to its caller."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,3 +76,20 @@ class SimResult:
     samples: list[Sample]
     metrics: dict[str, Any] = field(default_factory=dict)  # what --json writes
     meta: Mapping[str, Any] = field(default_factory=dict)  # trace name, window, load scale
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a run is: what a progress callback receives (it changes nothing in the run)."""
+
+    policy: str
+    arrived: int  # jobs submitted so far
+    total: int  # jobs the run will submit (the feasible ones)
+    sim_s: float  # simulated seconds since the trace's start
+    span_s: float  # the trace's last submit time (seconds since its start)
+    wall_s: float
+    origin: float = 0.0  # epoch seconds of sim_s == 0
+    done: bool = False
+
+
+ProgressFn = Callable[[Progress], None]
