@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from workers.agent import run_agent
+    from workers.service import run_agent
 
     return run_agent(url, config, node_id=args.node_id, gpus=args.gpus,
                      inventory=args.inventory, cpus=args.cpus, memory_gb=args.memory_gb,

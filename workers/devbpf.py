@@ -32,10 +32,8 @@ import platform
 import struct
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from workers.devices import Rule
+from workers.devrule import Rule
 
 # bpf(2) commands, program and attach types, flags (linux/bpf.h)
 BPF_PROG_LOAD, BPF_PROG_ATTACH, BPF_PROG_QUERY = 5, 8, 16

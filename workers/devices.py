@@ -16,7 +16,7 @@ A job's cgroup denies every device but these (``rwm``: read, write, mknod):
 
 Everything else, the node's other GPUs among it, is denied. :mod:`workers.isolation` writes
 the rules to a v1 ``devices`` cgroup, or attaches them as a v2 device program
-(:mod:`workers.devbpf`).
+(:mod:`workers.devbpf`). A rule itself is :class:`workers.devrule.Rule`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from broker.model import Gpu
 from workers import cgroupfs, devbpf, keeper
+from workers.devrule import Rule
 from workers.keeper import _read, write
 
 log = logging.getLogger(__name__)
@@ -40,31 +40,6 @@ NVIDIACTL_MINOR = 255
 MODESET_MINOR = 254
 UVM_NAME = "nvidia-uvm"  # (its name in /proc/devices; minor 0 nvidia-uvm, 1 nvidia-uvm-tools)
 CAPS_NAME = "nvidia-caps"  # /dev/nvidia-caps/nvidia-cap<minor>
-ACCESS = "rwm"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """Allow ``access`` (of ``rwm``) to the ``kind`` (``c`` or ``b``) device ``major:minor``;
-    ``minor`` None: any minor of that major."""
-
-    kind: str
-    major: int
-    minor: int | None
-    access: str = ACCESS
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("c", "b"):
-            raise ValueError(f"device kind {self.kind!r}: c or b")
-        if not 0 <= self.major < 2**12 or not (self.minor is None or 0 <= self.minor < 2**20):
-            raise ValueError(f"device {self.major}:{self.minor} out of range")
-        if not self.access or set(self.access) - set(ACCESS):
-            raise ValueError(f"device access {self.access!r}: letters of {ACCESS}")
-
-    def v1(self) -> str:
-        """As the v1 ``devices.allow`` file takes it: ``c 195:0 rwm``."""
-        minor = "*" if self.minor is None else str(self.minor)
-        return f"{self.kind} {self.major}:{minor} {self.access}"
 
 
 def _char(major: int, minor: int | None) -> Rule:

@@ -1,6 +1,7 @@
-"""Per-job isolation: one cgroup per job part, a scratch directory, and the agent's keeper.
+"""Per-job isolation: one cgroup per job part and a scratch directory (:class:`JobBox`), within
+what the host allows (:class:`Isolation`).
 
-:func:`detect` runs once at agent start and picks what the host allows:
+:func:`workers.detection.detect` runs once at agent start and picks what the host allows:
 
 * **cgroup v2**: the unified mount has memory, pids and cpu in ``cgroup.controllers`` and
   ``<root>/spillway/<node_id>`` can be made with them enabled in ``cgroup.subtree_control``;
@@ -13,8 +14,8 @@ Devices (``fence``): a job's cgroup allows only the device nodes :mod:`workers.d
 its GPUs (pseudo devices, NVIDIA's control devices, its own ``/dev/nvidiaN``): v1 through the
 ``devices`` hierarchy (``devices.deny a``, then ``devices.allow``), v2 through a device program
 attached to the job's cgroup (:mod:`workers.devbpf`). Both are set when the cgroup is made,
-before any process enters it. :func:`detect` tries the fence once on a probe cgroup; where it
-cannot be had, one warning says why and that GPUs are then fenced only by
+before any process enters it. :func:`~workers.detection.detect` tries the fence once on a probe
+cgroup; where it cannot be had, one warning says why and that GPUs are then fenced only by
 ``CUDA_VISIBLE_DEVICES``.
 
 Each job part gets a :class:`JobBox`: its cgroup (memory limit = ``memory_gb``, CPU quota =
@@ -33,8 +34,9 @@ How the job's process gets into its cgroup before it runs a line of the job's co
   vfork/posix_spawn).
 
 :meth:`JobBox.kill` kills the whole cgroup, background processes included. The keeper
-(:mod:`workers.keeper`) kills the node's job cgroups when the agent dies; while it runs, a job in
-a cgroup needs no parent-death signal (:meth:`Isolation.kept`).
+(:mod:`workers.keeper`, started by :class:`workers.keeping.Keeper`) kills the node's job
+cgroups when the agent dies; while it runs, a job in a cgroup needs no parent-death signal
+(:meth:`Isolation.kept`).
 """
 
 from __future__ import annotations
@@ -45,11 +47,10 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from broker.model import Gpu
 from workers import cgroupfs, devices, keeper
@@ -66,6 +67,15 @@ def safe_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
 
 
+class KeeperHandle(Protocol):
+    """What the isolation and the agent use of the keeper watching the node's cgroups
+    (:class:`workers.keeping.Keeper`)."""
+
+    def alive(self) -> bool: ...
+
+    def ensure(self) -> None: ...
+
+
 @dataclass
 class Isolation:
     """What this host allows, detected once per agent. ``kind``: v2, v1 or none."""
@@ -77,7 +87,7 @@ class Isolation:
     missing: str = ""  # why there are no cgroups (kind none)
     by_thread: bool = False  # v1: the forking thread enters the job's cgroups (no sh step)
     controllers: tuple[str, ...] = V2_CONTROLLERS  # v2: those enabled for the jobs
-    keeper: Keeper | None = None  # set while a keeper watches this node's cgroups
+    keeper: KeeperHandle | None = None  # set while a keeper watches this node's cgroups
     _memsw: bool | None = None  # v1: memory.memsw.* exists (swap accounting), probed once
     gpus: tuple[Gpu, ...] = ()  # the node's GPUs: their /dev/nvidiaN minors
     fence: str = ""  # how a job's devices are fenced: v1 (devices cgroup), bpf (v2), "" none
@@ -327,136 +337,3 @@ def _field(text: str, key: str) -> int:
         if k == key and v.strip().isdigit():
             return int(v)
     return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Detection
-
-
-def detect(node_id: str, work_dir: str, pids_max: int = 4096,
-           v2_root: str | None = None, v1_root: str = "/sys/fs/cgroup",
-           warn: bool = True, v2_controllers: tuple[str, ...] = V2_CONTROLLERS,
-           gpus: Sequence[Gpu] = ()) -> Isolation:
-    """The best isolation this host allows. ``v2_root``: the cgroup2 mount (default: the one
-    at ``/sys/fs/cgroup``, else ``/sys/fs/cgroup/unified``); ``v2_controllers``: those v2
-    needs (tests pass fewer to run membership and kill on a mount without controllers);
-    ``gpus``: the node's GPUs, whose device minors the jobs' device fences allow."""
-    node = safe_name(node_id)
-    reasons = []
-    roots = [v2_root] if v2_root else ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-    for root in roots:
-        if not os.path.exists(os.path.join(root, "cgroup.controllers")):
-            continue
-        try:
-            node_dir = cgroupfs.make_v2(root, node, v2_controllers)
-        except OSError as e:
-            reasons.append(f"cgroup v2 at {root}: {e}")
-            continue
-        iso = Isolation("v2", [node_dir], work_dir, pids_max, controllers=v2_controllers)
-        break
-    else:
-        if not reasons:
-            reasons.append("no cgroup v2 mount")
-        try:
-            iso = Isolation("v1", cgroupfs.make_v1(v1_root, node), work_dir, pids_max)
-            devdir, iso.fence_missing = devices.v1_node_dir(v1_root, node)
-            if devdir:  # (last of the node's directories)
-                iso.node_dirs.append(devdir)
-                iso.fence = devices.V1
-            iso.by_thread = _thread_can_enter(iso)
-        except OSError as e:
-            reasons.append(f"cgroup v1: {e}")
-            iso = Isolation("none", [], work_dir, pids_max, missing="; ".join(reasons))
-    if iso.kind == "none":
-        if warn:
-            log.warning(
-                "no cgroups for jobs (%s): jobs are not isolated (CPUs, memory, pids are not "
-                "limited; memory_gb is not enforced and an out-of-memory kill is not reported "
-                "as such) and are killed by process group, so a process that leaves its group "
-                "can outlive its job; GPUs are fenced only by CUDA_VISIBLE_DEVICES, which a "
-                "job can reset", iso.missing)
-    else:
-        log.info("jobs run in cgroup %s under %s (%s)", iso.kind, ", ".join(iso.node_dirs),
-                 "the forking thread enters each job's cgroups" if iso.by_thread else
-                 "each job's process moves itself in through a shell step")
-    iso.gpus = tuple(gpus)
-    if iso.kind == "v2":
-        iso.fence_missing = devices.probe(devices.BPF, iso.node_dirs[0])
-        iso.fence = "" if iso.fence_missing else devices.BPF
-    devices.report(iso.fence, iso.fence_missing, warn and iso.kind != "none")  # (none: said)
-    iso.clean_leftovers()
-    return iso
-
-
-def _thread_can_enter(iso: Isolation) -> bool:
-    """v1: can this thread move itself into the node's cgroups and back (``tasks``)?"""
-    try:
-        home = iso.home_fds()
-    except OSError as e:
-        log.info("cgroup v1: cannot open this thread's own tasks files (%s)", e)
-        return False
-    try:
-        cgroupfs.enter(iso.node_dirs)
-    except OSError as e:
-        log.info("cgroup v1: a thread cannot enter the node's cgroups (%s)", e)
-        return False
-    finally:
-        cgroupfs.go_home(home, iso.node_dirs)
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
-# The keeper
-
-
-class Keeper:
-    """The agent's end of its keeper: :meth:`stop` on a clean stop, nothing on a crash."""
-
-    def __init__(self, iso: Isolation) -> None:
-        self.iso = iso
-        self._start()
-        iso.keeper = self
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def ensure(self) -> None:
-        """Start a new keeper if this one died (someone killed it): until then, jobs in
-        cgroups are started with a parent-death signal again (:meth:`Isolation.kept`)."""
-        if not self.alive() and self.iso.keeper is self:
-            log.warning("the keeper (pid %d) exited with %s; starting a new one", self.proc.pid,
-                        self.proc.returncode)
-            with _quiet():
-                os.close(self._w)
-            self._start()
-
-    def _start(self) -> None:
-        r, self._w = os.pipe()  # both close-on-exec: no job inherits the write end
-        root = os.path.dirname(os.path.dirname(os.path.abspath(keeper.__file__)))
-        code = (f"import sys; sys.path.insert(0, {root!r}); "
-                "from workers.keeper import main; main()")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-S", "-c", code, str(r), self.iso.kind, self.iso.pgroup_dir,
-                 *self.iso.node_dirs],
-                pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL)
-        finally:
-            os.close(r)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.iso.keeper = None
-        try:
-            os.write(self._w, b"q")
-            os.close(self._w)
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        # a clean stop: the jobs have ended; leave no empty cgroup of this node behind
-        for d in self.iso.node_dirs:
-            for name in keeper._listdir(d):
-                keeper.remove(os.path.join(d, name), wait_s=0)
-            keeper.remove(d, wait_s=0)

@@ -107,6 +107,20 @@ class LineSplitter:
         rest, self._rest = self._rest, b""
         return [_text(rest)] if rest else []
 
+    def drain(self, fd: int) -> list[str]:
+        """The lines left in the non-blocking pipe ``fd`` (until its end, or until nothing
+        more is written yet), the unterminated last one included: the pipe's last read."""
+        lines = []
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            lines += self.feed(data)
+        return lines + self.close()
+
 
 def _text(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")

@@ -178,7 +178,7 @@ def worker(
     logging.basicConfig(level=loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        from workers.agent import run_agent
+        from workers.service import run_agent
     except ImportError as e:  # pragma: no cover (the agent ships with the package)
         raise fail(f"the worker agent cannot be imported ({e}); reinstall spillway") from None
     from broker.store.reach import url_from_file

@@ -24,7 +24,7 @@ from broker.model import JobSpec
 from broker.model.state import TERMINAL, JobState
 from tests.integration.harness import FAST_TIMINGS, Cluster, running, wait_until, with_db
 from workers import keeper
-from workers.isolation import detect
+from workers.detection import detect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

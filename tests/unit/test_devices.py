@@ -36,8 +36,9 @@ from tests.unit.test_isolation import wait_for
 from tests.unit.test_isolation_v2 import cgroup2_mount
 from workers import cgroupfs, devbpf, devices, keeper
 from workers.agent import Agent
+from workers.detection import detect
 from workers.devices import Rule
-from workers.isolation import Isolation, JobBox, detect
+from workers.isolation import Isolation, JobBox
 from workers.runner import RunningPart, Supervisor
 
 A100 = "A100-80GB"

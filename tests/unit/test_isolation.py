@@ -21,7 +21,9 @@ from broker.model import Allocation, Gpu, JobSpec, Node
 from broker.store.memory import MemoryStore
 from workers import cgroupfs, keeper
 from workers.agent import Agent
-from workers.isolation import Isolation, JobBox, Keeper, detect
+from workers.detection import detect
+from workers.isolation import Isolation, JobBox
+from workers.keeping import Keeper
 from workers.runner import RunningPart, Supervisor
 
 
@@ -229,7 +231,7 @@ def test_keeper_exits_without_killing_on_a_clean_stop(v1: Isolation) -> None:
 
 def test_no_cgroups_warns_once_and_the_keeper_kills_recorded_groups(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="workers.isolation"):
+    with caplog.at_level(logging.WARNING, logger="workers.detection"):
         iso = detect("n-none", str(tmp_path / "agent"), v2_root=str(tmp_path / "no-v2"),
                      v1_root=str(tmp_path / "no-v1"))
     assert iso.kind == "none"
@@ -288,7 +290,7 @@ def test_v2_without_delegated_controllers_falls_back(tmp_path: Path,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "cg"
     fake_v2(root, controllers="cpu io")
-    with caplog.at_level(logging.WARNING, logger="workers.isolation"):
+    with caplog.at_level(logging.WARNING, logger="workers.detection"):
         iso = detect("n", str(tmp_path / "agent"), v2_root=str(root),
                      v1_root=str(tmp_path / "no-v1"))
     assert iso.kind == "none"

@@ -54,7 +54,8 @@ CHILD = r"""
 import json, os, subprocess, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from workers import keeper
-from workers.isolation import Keeper, detect
+from workers.detection import detect
+from workers.keeping import Keeper
 
 root, node, work = sys.argv[2:5]
 

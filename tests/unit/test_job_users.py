@@ -98,7 +98,7 @@ def test_the_drop_happens_before_the_spec_env_reaches_any_process(top: Path, gat
     uid, gid and groups before exec. Where the job must be moved into its cgroup by the agent
     (v2: ``gated``), its process waits as the job's user at a gate. Nothing runs as root with
     the spec's environment."""
-    from workers.isolation import detect
+    from workers.detection import detect
 
     if shutil.which("gcc") is None:
         pytest.skip("no gcc to build the planted library")

@@ -2,7 +2,8 @@
 import statements, which ``test_imports.py`` reads): the policies load no ``providers`` module
 (the energy model's step functions sit in ``broker.energy.steps``), and the worker agent loads
 no policy and nothing of the scheduler (its metrics are ``broker.metrics.agent``, not the
-scheduler's). Each case imports its module in a subprocess run from the repository's root.
+scheduler's; :mod:`workers.service` wires the agent's process, :mod:`workers.tasks` its Celery
+tasks). Each case imports its module in a subprocess run from the repository's root.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ def test_the_policies_and_the_energy_model_load_no_provider(module: str) -> None
     assert under(loaded(module), ("providers",)) == []
 
 
-def test_the_agent_loads_no_policy_and_nothing_of_the_scheduler() -> None:
-    assert under(loaded("workers.agent"), SCHEDULER) == []
+@pytest.mark.parametrize("module", ["workers.agent", "workers.service", "workers.tasks"])
+def test_the_agent_loads_no_policy_and_nothing_of_the_scheduler(module: str) -> None:
+    assert under(loaded(module), SCHEDULER) == []
 
 
-def test_the_agent_loads_its_own_metrics() -> None:
+def test_the_agent_process_loads_its_own_metrics() -> None:
     # (the check above would pass vacuously if the agent stopped exporting metrics)
-    names = loaded("workers.agent")
+    names = loaded("workers.service")
     assert "broker.metrics.agent" in names
     assert "broker.metrics.http" in names
 

@@ -529,7 +529,7 @@ def test_agent_reports_a_quick_quiet_part_s_start_and_end_in_one_write(
 
 
 def test_a_job_box_is_released_once_whichever_thread_comes_first(tmp_path: Path) -> None:
-    from workers.isolation import detect
+    from workers.detection import detect
 
     iso = detect(f"rel-{uuid.uuid4().hex[:8]}", str(tmp_path / "iso"), warn=False)
     box = iso.box("j", 1, 0, memory_gb=0, cpus=0)
@@ -571,7 +571,7 @@ def test_a_job_box_is_released_once_whichever_thread_comes_first(tmp_path: Path)
 def test_jobs_run_as_the_configured_user(tmp_path: Path, isolated: bool) -> None:
     import pwd
 
-    from workers.isolation import detect
+    from workers.detection import detect
 
     nobody = pwd.getpwnam("nobody")
     top = tempfile.mkdtemp(prefix="spillway-user-")  # (pytest's tmp_path is 0700: no way in)
