@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from broker.config.fields import Config
+from broker.config.keys import key_hint
 from broker.errors import ConfigError
 
 __all__ = ["CONFIG_KEYS"]
@@ -141,9 +142,7 @@ def _problem(err: Mapping[str, Any], key: str, env: bool) -> str:
     name = _spelt(key, env) if env else f"config {key}"
     if err["type"] == "extra_forbidden":
         known = _SCALARS if env else CONFIG_KEYS  # (only scalars have variables)
-        close = difflib.get_close_matches(key.removeprefix("SPILLWAY_").lower(), known, n=1)
-        hint = (f"did you mean {_spelt(close[0], env)}?" if close else
-                f"allowed: {', '.join(known)}")
+        hint = key_hint(key.removeprefix("SPILLWAY_").lower(), known, lambda k: _spelt(k, env))
         return f"{name}: not a setting; {hint}"
     value = err.get("input")
     if key == "providers":

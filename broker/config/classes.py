@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, TypeGuard
 
+from broker.config.keys import check_keys
 from broker.errors import ConfigError
 from broker.model import PriorityClass, Team, parse_duration
 from broker.model.classes import ROLES
@@ -48,9 +49,7 @@ def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClas
         at = f"{where}[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{at}: must be a mapping with {', '.join(CLASS_KEYS)}")
-        unknown = sorted(str(k) for k in item if k not in CLASS_KEYS)
-        if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(CLASS_KEYS)}")
+        check_keys(item, CLASS_KEYS, at)
         name = item.get("name")
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
@@ -116,9 +115,7 @@ def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
         at = f"{where}[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{at}: must be a mapping with {', '.join(TEAM_KEYS)}")
-        unknown = sorted(str(k) for k in item if k not in TEAM_KEYS)
-        if unknown:
-            raise ConfigError(f"{at}: unknown keys {unknown}; allowed: {', '.join(TEAM_KEYS)}")
+        check_keys(item, TEAM_KEYS, at)
         name = item.get("name")
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")

@@ -9,13 +9,13 @@ allowed. docs/carbon.md describes both sections with an example.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from broker.config.keys import key_hint
 from broker.energy.model import EnergyModel
 from broker.energy.prices import ElectricityPrice, PriceSeries, TimeOfUseTariff
 from broker.errors import ConfigError
@@ -84,9 +84,7 @@ class CarbonSettings:
 def _unknown(where: str, raw: Mapping[str, Any], known: tuple[str, ...]) -> None:
     for key in raw:
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"allowed: {', '.join(known)}"
-            raise ConfigError(f"{where}.{key}: not a setting; {hint}")
+            raise ConfigError(f"{where}.{key}: not a setting; {key_hint(str(key), known)}")
 
 
 def _mapping(raw: Any, where: str, example: str) -> Mapping[str, Any]:

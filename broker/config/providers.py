@@ -10,7 +10,6 @@ the key, with the closest known key.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import math
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from broker.config.keys import key_hint
 from broker.errors import ConfigError
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -141,9 +141,7 @@ def parse_provider(name: str, raw: Any) -> ProviderSettings:
     if known is not None:
         for key in options:
             if key not in known:
-                close = difflib.get_close_matches(key, [*known, *COMMON_KEYS], n=1)
-                hint = f"did you mean {close[0]}?" if close else \
-                    f"allowed: {', '.join([*COMMON_KEYS, *known])}"
+                hint = key_hint(key, [*COMMON_KEYS, *known])
                 raise ConfigError(f"{where}.{key}: not a setting of a {kind} provider; {hint}")
     return ProviderSettings(name=name, kind=kind, options=options, **common)
 
