@@ -1,4 +1,5 @@
-"""What a policy sees of a scheduling cycle in progress, and what lives across cycles.
+"""What a policy sees of a scheduling cycle in progress, the interfaces of the roles the cycle
+holds (:class:`Placer`, :class:`Reserver`, :class:`Evictor`), and what lives across cycles.
 
 The cycle's state is built and owned by ``broker/cycle/scheduler.py``; policies read the snapshot
 and write their decisions only through :class:`Cycle` (this module imports nothing from the
@@ -25,11 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from broker.cycle.plan import Launch, Preempt, Snapshot, Start, Terminate
 from broker.model import Allocation, Job, Reason
+from policies.place.capacity import FreeIndex, Profile, Shadow
 
-if TYPE_CHECKING:  # (types only: these modules register policies and import this one)
-    from policies.evict.base import Evictor
-    from policies.place.backfill import Reserver, Shadow
-    from policies.place.placement import FreeIndex, Placer
+if TYPE_CHECKING:  # (the registry names the roles; it imports no policy)
     from policies.registry import PolicySet
 
 M = TypeVar("M")
@@ -40,7 +39,7 @@ class Memory:
     """Caches a scheduler keeps across cycles (one per scheduler process, or per simulation).
 
     ``order_rates``: spillway's order, job id -> (predictor epoch, rate); ``layouts``: node id
-    -> its devices by kind, while the node object is the same (policies/place/placement.py);
+    -> its devices by kind, while the node object is the same (policies/place/capacity.py);
     ``outlooks``: the offer a waiting job of a shape would rent, while the offers, the quotas
     and its estimate are the same, and the reason each waiting job was last told, while what
     its sentence is made of is the same (policies/burst/outlook.py); ``carbon_waits``: the plan
@@ -103,6 +102,78 @@ class Cycle(Protocol):
         """A policy raised ``exc`` while deciding about ``job``: set the job aside (True), or
         False when ``job`` is not one of the snapshot's pending jobs (then ``exc`` is not
         one pending job's, and the caller lets it propagate)."""
+
+
+class Placer:
+    """The place role: where a job starts on free capacity (policies/place/placement.py).
+
+    ``prepare`` runs once as the cycle starts; ``place`` finds GPUs for a job expected to end
+    at ``end`` (or None); ``packs_around_reservation``: a job that ends before the reservation
+    starts goes first into the reserved nodes' idle GPUs (policies/place/queue.py)."""
+
+    packs_around_reservation = False
+
+    def prepare(self, cycle: Cycle) -> None:
+        del cycle
+
+    def place(self, cycle: Cycle, job: Job, end: float) -> tuple[Allocation, ...] | None:
+        raise NotImplementedError
+
+
+class Reserver:
+    """The reserve role: what the first job that cannot be placed (the head) gets
+    (policies/place/backfill.py).
+
+    ``strict``: the head blocks every later job (strict order); otherwise ``reserve`` gives it
+    a reservation from the release ``profile`` and later jobs backfill around it.
+
+    ``protecting``: some blocked jobs behind the head get a reservation of their own (a
+    *guard*, policies/place/backfill.py ``guard``) when :meth:`protects` says so; a job
+    later in the queue that would outlive a guard's start may not take the GPUs that guard
+    needs (conservative backfill for those jobs only)."""
+
+    strict = False
+    protecting = False
+
+    def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
+        raise NotImplementedError
+
+    def protects(self, cycle: Cycle, job: Job) -> bool:
+        """Does this blocked job behind the head get a guard? (``protecting`` only)"""
+        del cycle, job
+        return False
+
+    def max_guards(self, cycle: Cycle) -> int:
+        del cycle
+        return 0
+
+
+class Evictor:
+    """The evict role: an evictor that does nothing; subclasses override the points of the
+    cycle they act at (policies/evict/base.py says which)."""
+
+    def before_place(self, cycle: Cycle) -> None:
+        del cycle
+
+    def head_blocked(self, cycle: Cycle, job: Job) -> None:
+        del cycle, job
+
+    def evict(self, cycle: Cycle) -> list[Preempt]:
+        del cycle
+        return []
+
+    def may_use_reserved(self, cycle: Cycle, job: Job) -> bool:
+        del cycle, job
+        return False
+
+    def use_reserved(self, cycle: Cycle, job: Job) -> tuple[Allocation, ...] | None:
+        del cycle, job
+        return None
+
+    #: an arrival may change what this evictor does even on a full cluster with nothing
+    #: ending (relief: a new job may become the reservation holder); the simulator runs a
+    #: cycle at such an arrival
+    acts_on_arrival = False
 
 
 class Memos:

@@ -9,10 +9,10 @@ snapshot through it and writes only through it):
 ===========  ==========================================================================
 order        ``fn(cycle, jobs) -> list[Job]``: the pending queue, first to last
 admit        ``fn(cycle, job) -> str | None``: a refusal reason code, or None to admit
-place        a :class:`policies.place.placement.Placer`: where a job starts on free GPUs
-reserve      a :class:`policies.place.backfill.Reserver`: what the first blocked job gets
+place        a :class:`policies.cycle.Placer`: where a job starts on free GPUs
+reserve      a :class:`policies.cycle.Reserver`: what the first blocked job gets
              (EASY's reservation, or strict order) and how later jobs may pass it
-evict        a list of :class:`policies.evict.base.Evictor`: class preemption and quota reclaim,
+evict        a list of :class:`policies.cycle.Evictor`: class preemption and quota reclaim,
              scavenger eviction, defragmentation moves, relief, in the configured order
 burst        ``fn(cycle) -> None``: rent cloud capacity (``sla``, baselines, ``none``)
 budget       ``fn(cycle) -> None``: keep the burst phase's launches within the teams' caps

@@ -33,12 +33,11 @@ from broker.cycle.plan import Launch, Plan, Preempt, SetAside, Snapshot, Start, 
 from broker.errors import CycleFailed
 from broker.model import Allocation, Job, Reason
 from broker.model.state import JobState
-from policies.cycle import Memory, Memos, each_alone
-from policies.evict.base import Evictor
+from policies.cycle import Evictor, Memory, Memos, Placer, Reserver, each_alone
 from policies.order.fairshare import fairshare_factors
 from policies.order.predictor import expected_end
-from policies.place.backfill import Reserver, Shadow, outlived, release_profile
-from policies.place.placement import FreeIndex, Placer
+from policies.place.backfill import outlived, release_profile
+from policies.place.capacity import FreeIndex, Shadow
 from policies.place.queue import place_queue
 from policies.reasons import exception_text, policy_error
 from policies.registry import PolicySet, code_of, policy_at, settings_of

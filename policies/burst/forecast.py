@@ -23,9 +23,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from broker.model import Job
+from broker.model.fit import Kind
 from policies.burst.evictions import preempted_for
 from policies.cycle import Cycle
-from policies.place.placement import Kind
 
 
 @dataclass

@@ -29,7 +29,8 @@ from broker.model.fit import Kind
 from broker.model.speed import convert_runtime
 from policies.carbon.defer import deferrable
 from policies.cycle import Cycle
-from policies.place.placement import Aligned, FreeIndex
+from policies.place.capacity import FreeIndex
+from policies.place.placement import Aligned
 from policies.registry import register
 
 _ENERGY = EnergyModel()

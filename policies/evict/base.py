@@ -23,41 +23,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.cycle.plan import Preempt
-from broker.model import Allocation, Job
+from broker.model import Job
+from broker.model.fit import Kind
 from broker.model.state import JobState
 from policies.cycle import Cycle
+from policies.cycle import Evictor as Evictor  # (the role's interface, where evictors look)
 from policies.evict.preemption import Victim, make_victims, victim_key
-from policies.place.placement import Kind
 
 SoonFree = dict[str, dict[Kind, int]]  # node -> kind -> devices free or being freed
-
-
-class Evictor:
-    """An evictor that does nothing: subclasses override the points they act at."""
-
-    def before_place(self, cycle: Cycle) -> None:
-        del cycle
-
-    def head_blocked(self, cycle: Cycle, job: Job) -> None:
-        del cycle, job
-
-    def evict(self, cycle: Cycle) -> list[Preempt]:
-        del cycle
-        return []
-
-    def may_use_reserved(self, cycle: Cycle, job: Job) -> bool:
-        del cycle, job
-        return False
-
-    def use_reserved(self, cycle: Cycle, job: Job) -> tuple[Allocation, ...] | None:
-        del cycle, job
-        return None
-
-    #: an arrival may change what this evictor does even on a full cluster with nothing
-    #: ending (relief: a new job may become the reservation holder); the simulator runs a
-    #: cycle at such an arrival
-    acts_on_arrival = False
 
 
 def soon_free(cycle: Cycle) -> SoonFree:

@@ -40,11 +40,12 @@ from dataclasses import dataclass
 
 from broker.cycle.plan import Preempt
 from broker.model import Allocation, Job, Reason
+from broker.model.fit import Kind
 from broker.model.state import EvictionKind, JobState
 from policies.cycle import Cycle
 from policies.evict import base as E
 from policies.evict.preemption import Victim, take_until_fits
-from policies.place.placement import FreeIndex, Kind
+from policies.place.capacity import FreeIndex
 from policies.registry import register
 
 MOVE_DEFAULTS = {"defrag_min_gain_s": 600.0}

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.model import Job
-from policies.place.placement import FreeIndex, Kind
+from broker.model.fit import Kind
+from policies.place.capacity import FreeIndex
 
 
 @dataclass(frozen=True)

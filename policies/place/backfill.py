@@ -5,6 +5,10 @@ enough nodes, given when running jobs are expected to end. A later job may start
 it does not delay that reservation: it ends before the reservation starts (by its estimate), or
 it uses only GPUs the reserved job will not need (other nodes, or the reserved nodes' extra).
 A job that outruns its estimate is not killed: the next cycle recomputes the reservation.
+
+The reservation being honoured (:class:`Shadow`) and the release :data:`Profile` are
+policies/place/capacity.py's, the role's interface (:class:`Reserver`) policies/cycle.py's;
+all three are importable from here too.
 """
 
 from __future__ import annotations
@@ -12,44 +16,16 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING
 
 from broker.cycle.plan import Reservation
 from broker.model import Allocation, Job, Resources
-from policies.place.placement import FreeIndex, Kind
+from broker.model.fit import Kind
+from policies.cycle import Cycle, Reserver
+from policies.place.capacity import FreeIndex, Profile, Shadow
 from policies.registry import register
 
-if TYPE_CHECKING:
-    from policies.cycle import Cycle
-
-Profile = dict[str, dict[Kind, list[tuple[float, int]]]]  # node -> kind -> [(end, devices)]
-
-
-@dataclass
-class Shadow:
-    """A reservation being honoured during one cycle."""
-
-    reservation: Reservation
-    kind: Kind
-    cap: dict[str, int] = field(default_factory=dict)  # node -> devices long jobs may still use
-    slack_s: float = 0.0  # relaxed backfill: how late a backfilled job may end past the start
-    scavengers: list[str] = field(default_factory=list)  # evicted when the reservation is due
-
-    @cached_property
-    def node_set(self) -> frozenset[str]:
-        return frozenset(self.cap)  # the reserved nodes (cap's keys never change)
-
-    def allows(self, now: float, estimate: float) -> bool:
-        """Does a job of this estimate end before the reservation starts (plus the slack)?"""
-        return now + estimate <= self.reservation.start_at + self.slack_s
-
-    def charge(self, allocs: Iterable[Allocation]) -> None:
-        """A job that outlives the reservation took devices on reserved nodes."""
-        for a in allocs:
-            if a.node_id in self.cap:
-                self.cap[a.node_id] -= len(a.gpu_ids)
+__all__ = ["Easy", "Profile", "Reserver", "Shadow", "Strict", "guard", "guards_allow",
+           "outlived", "release_profile", "reserve"]
 
 
 def release_profile(index: FreeIndex,
@@ -155,33 +131,6 @@ def reserve(job: Job, index: FreeIndex, profile: Profile, now: float,
             c for end, c in profile.get(nid, {}).get(kind, ()) if end <= start)
         cap[nid] = max(0, free_then - res.gpus)
     return Shadow(Reservation(job.id, start, tuple(nodes), kind[0]), kind, cap)
-
-
-class Reserver:
-    """The reserve role: what the first job that cannot be placed (the head) gets.
-
-    ``strict``: the head blocks every later job (strict order); otherwise ``reserve`` gives it
-    a reservation from the release ``profile`` and later jobs backfill around it.
-
-    ``protecting``: some blocked jobs behind the head get a reservation of their own (a
-    *guard*, :func:`guard`) when :meth:`protects` says so; a job later in the queue that
-    would outlive a guard's start may not take the GPUs that guard needs (conservative
-    backfill for those jobs only)."""
-
-    strict = False
-    protecting = False
-
-    def reserve(self, cycle: Cycle, job: Job, profile: Profile) -> Shadow | None:
-        raise NotImplementedError
-
-    def protects(self, cycle: Cycle, job: Job) -> bool:
-        """Does this blocked job behind the head get a guard? (``protecting`` only)"""
-        del cycle, job
-        return False
-
-    def max_guards(self, cycle: Cycle) -> int:
-        del cycle
-        return 0
 
 
 def guard(cycle: Cycle, job: Job, long: bool) -> None:

@@ -35,7 +35,8 @@ from policies import reasons
 from policies.burst.offers import BOOTING
 from policies.cycle import Cycle, deciding, each_alone
 from policies.order.class_caps import over_cap
-from policies.place.backfill import Shadow, guard, guards_allow, outlived
+from policies.place.backfill import guard, guards_allow, outlived
+from policies.place.capacity import Shadow
 from policies.registry import register
 
 
