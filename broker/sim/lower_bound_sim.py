@@ -24,7 +24,15 @@ from broker.model.fit import could_hold
 from broker.sim.cloud import Clouds, CloudSpec
 from broker.sim.cluster import Cluster
 from broker.sim.energy import SimEnergy
-from broker.sim.lower_bound import KgRate, LbJob, LbOffer, LbPool, LbProblem, SpotSeconds, solve
+from broker.sim.lower_bound import solve
+from broker.sim.lower_bound_problem import (
+    KgRate,
+    LbJob,
+    LbOffer,
+    LbPool,
+    LbProblem,
+    SpotSeconds,
+)
 from broker.sim.types import JobRecord, SimResult, Trace
 from providers.carbon.base import integrate
 

@@ -109,16 +109,16 @@ def dated(policy: str, wait_scale: float) -> SimResult:
 
 def figures(results: list[SimResult], tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    import broker.sim.report as report
+    import broker.sim.report_charts as charts
 
     saved: dict[str, Any] = {}
-    real_save = report._save
+    real_save = charts._save
 
     def keep(fig: Any, path: Path) -> None:
         saved[path.name] = fig
         real_save(fig, path)
 
-    monkeypatch.setattr(report, "_save", keep)
+    monkeypatch.setattr(charts, "_save", keep)
     write_report(results, tmp_path)
     return saved
 
