@@ -22,12 +22,13 @@ whose ``sites`` allow a cloud:
    a boot, it stays (``BurstNotWorthIt``). If the target can no longer be met even by the
    cloud, bursting buys only time: it bursts if the cloud starts it at least
    ``late_min_gain_s`` sooner (to spot only with ``lost_sla_spot_only``, off until measured).
-4. Otherwise the offer with the lowest expected cost to finish it (policies/burst/offers.py: price x
-   runtime on that GPU model, plus for spot the expected interruptions x work lost, restart
-   and boot), within its ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota,
-   whose boot fits the target. Jobs bursting in one cycle share an instance when joining one
-   costs less than a new one (the marginal hours it keeps the instance up). If bursting jobs
-   ahead of it instead (cheapest per GPU first, ``make_room_max_jobs`` at most) costs less
+4. Otherwise the offer with the lowest expected cost to finish it (policies/burst/choice.py;
+   the costs are policies/burst/offers.py's: price x runtime on that GPU model, plus for spot
+   the expected interruptions x work lost, restart and boot), within its
+   ``max_price_per_hour`` (``OverMaxPrice``) and its region's quota, whose boot fits the
+   target. Jobs bursting in one cycle share an instance when joining one costs less than a
+   new one (the marginal hours it keeps the instance up). If bursting jobs ahead of it
+   instead (cheapest per GPU first, ``make_room_max_jobs`` at most) costs less
    and lets on-prem start it in time, those burst and it stays.
 5. Preempt or burst (a class that may preempt, with evictions planned for it this cycle):
    ``preempt_or_burst`` 0 keeps the preemption; 1 bursts instead when the cloud costs less
@@ -47,13 +48,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.model.state import EvictionKind, JobState
 from policies.burst import deadline as deadline_burst
 from policies.burst import outlook
+from policies.burst.choice import Choice, book, cheapest, may_take_spot, offers_for
 from policies.burst.evictions import drop_evictions_for, victims_cost
 from policies.burst.forecast import QueueForecast, made_room_for, onprem_start, onprem_starts
 from policies.burst.home import HOME_DEFAULTS, home_moves
@@ -62,13 +64,8 @@ from policies.burst.offers import (
     CostModel,
     booting_bins,
     emit,
-    holds,
-    job_share_per_hour,
-    market_allowed,
     may_burst,
-    rank_value,
     region_room,
-    runtime_on,
     take_booting,
     waiting_reason,
 )
@@ -94,20 +91,12 @@ SLA_DEFAULTS: dict[str, float] = {
 
 
 @dataclass
-class _Choice:
-    offer: Offer
-    cost: float
-    bin: Bin | None  # an instance this cycle already launches, to share
-
-
-@dataclass
 class _Kept:
     """A cycle's memo of the burst phase: the on-prem starts forecast for the early spot
-    decision, the queue's forecast, and the offers per shape of job (:func:`_offers_for`)."""
+    decision, and the queue's forecast."""
 
     early_starts: dict[str, float] | None = None
     forecast: QueueForecast | None = None
-    offers: dict[tuple[object, ...], list[Offer]] = field(default_factory=dict)
 
 
 def target_of(job: Job, cls: PriorityClass) -> float:
@@ -171,7 +160,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
             leaving: set[str]) -> bool:
     """Burst ``job`` now (True: a bin in ``new`` holds it), or leave it with a reason."""
     now = cycle.now
-    offers = _offers_for(cycle, job, cls)
+    offers = offers_for(cycle, job, cls)
     if not offers:
         if _breaks(cycle, job):
             cycle.pending[job.id] = Reason("NoOffer", "its SLA is broken and no cloud offer "
@@ -186,11 +175,11 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         if early is None:
             wake(cycle, decide_at)
             outlook.tell(cycle, job, offers, costs, cfg, decide_at, target, room, len(new),
-                         lambda: _offer(_cheapest(cycle, job, cls, cfg, costs, offers, room, [],
+                         lambda: _offer(cheapest(cycle, job, cls, cfg, costs, offers, room, [],
                                                   target)),
                          lambda: _forecast(cycle).start(pos, leaving))
             return False
-        _book(cycle, job, early[0], room, new, early[1], early=True)
+        book(cycle, job, early[0], room, new, early[1], early=True)
         return True
     start = _forecast(cycle).start(pos, leaving)
     fastest = min(costs.boot(o) for o in offers)
@@ -218,7 +207,7 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
                 "BurstNotWorthIt", "its SLA cannot be met any more, and no spot offer is "
                 "available now (on-demand would buy only time)")
             return False
-    choice = _cheapest(cycle, job, cls, cfg, costs, offers, room, new, target)
+    choice = cheapest(cycle, job, cls, cfg, costs, offers, room, new, target)
     if choice is None:
         return False
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 1.0 \
@@ -227,14 +216,14 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     if evict_cost is None and _make_room(cycle, job, cfg, costs, room, new, pos, leaving,
                                          target - spare, choice.cost):
         return False  # cheaper jobs ahead of it burst instead; it starts on-prem in time
-    _book(cycle, job, choice, room, new, start)
+    book(cycle, job, choice, room, new, start)
     return True
 
 
 def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
                 costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
                 new: list[Bin], pos: int, leaving: set[str], target: float
-                ) -> tuple[_Choice, float] | None:
+                ) -> tuple[Choice, float] | None:
     """Spot now, before the decision time, for a job that on-prem is forecast to leave past
     its SLA: spot comes and goes, and at the decision time only on-demand (about three times
     the price) may be left. The forecast is optimistic (it pools GPUs and ignores later
@@ -242,7 +231,7 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
     if not cfg["early_spot"] or job.id in made_room_for(cycle):
         return None
     spot = [o for o in offers if o.market.value == "spot"]
-    if not spot or not _spot_ok(cycle, job, cfg, costs, spot):
+    if not spot or not may_take_spot(cycle, job, cfg, costs, spot):
         return None
     start = math.inf
     if not (cfg["spot_failover"] and _spot_interrupted(job)):
@@ -256,7 +245,7 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
         if start <= target:
             return None
     kept = cycle.pending.get(job.id)
-    choice = _cheapest(cycle, job, cls, cfg, costs, spot, room, new, target)
+    choice = cheapest(cycle, job, cls, cfg, costs, spot, room, new, target)
     if choice is None or choice.offer.market.value != "spot":
         if kept is None:
             cycle.pending.pop(job.id, None)
@@ -266,7 +255,7 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
     return choice, start
 
 
-def _offer(c: _Choice | None) -> Offer | None:
+def _offer(c: Choice | None) -> Offer | None:
     return c.offer if c is not None else None
 
 
@@ -294,7 +283,7 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
     short ones ahead of it."""
     ahead = cycle.blocked[:pos]
     limit = int(cfg["make_room_max_jobs"])
-    cands: list[tuple[float, Job, _Choice]] = []
+    cands: list[tuple[float, Job, Choice]] = []
     for a in ahead:
         try:  # (zero cost when nothing raises: this loop is long)
             if a.id in leaving:
@@ -302,11 +291,11 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
             acls = may_burst(cycle, a)
             if acls is None or a.res.nodes > 1:
                 continue
-            offers = _offers_for(cycle, a, acls)
+            offers = offers_for(cycle, a, acls)
             if not offers:
                 continue
             kept = cycle.pending.get(a.id)
-            c = _cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
+            c = cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
             if kept is not None:
                 cycle.pending[a.id] = kept
             if c is not None:
@@ -324,93 +313,9 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
         chosen.append((a, c))
         if onprem_start(cycle, job, ahead, trial) <= target:
             for b, bc in chosen:
-                _book(cycle, b, bc, room, new, math.inf, made_room_for=job.id)
+                book(cycle, b, bc, room, new, math.inf, made_room_for=job.id)
                 leaving.add(b.id)
             return True
     return False
 
 
-def _offers_for(cycle: Cycle, job: Job, cls: PriorityClass) -> list[Offer]:
-    """The offers that could hold ``job`` on a market it may use (memoised per shape)."""
-    memo = cycle.memo(_Kept).offers
-    key = (job.res.key, job.spec.sites, cls.name)
-    out = memo.get(key)
-    if out is None:
-        out = memo[key] = [o for o in cycle.snap.offers
-                           if holds(o, job) and market_allowed(o, job, cls)]
-    return out
-
-
-def _cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
-              costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
-              new: list[Bin], target: float) -> _Choice | None:
-    """The offer (or an instance launched this cycle with room) with the lowest expected cost
-    to finish ``job``, or None with the reason set."""
-    now, limit = cycle.now, job.spec.max_price_per_hour
-    unknown = float(cfg["unknown_runtime_s"])
-    spot_ok = _spot_ok(cycle, job, cfg, costs, offers)
-    if job.spec.deadline is not None and deadline_burst.market_for(cycle, job, costs) == "wait":
-        return None
-    cands: list[_Choice] = []
-    over = 0
-    for o in offers:
-        if (o.market.value == "spot") != spot_ok and job.spec.deadline is not None:
-            continue  # the market the deadline rule chose
-        if o.market.value == "spot" and not spot_ok:
-            continue
-        if limit is not None and job_share_per_hour(o, job) > limit:
-            over += 1
-            continue
-        if room.get((o.provider, o.region), math.inf) < o.gpu_count * job.res.nodes:
-            continue
-        if now + costs.boot(o) > target and now < target:
-            continue  # its boot would not fit the SLA while a faster one might
-        run = runtime_on(cycle, job, o.gpu_model, unknown)
-        cands.append(_Choice(o, costs.expected_cost(o, job, run), None))
-    for b in new:  # join an instance this cycle launches: pay only the hours it adds
-        if b.count == 1 and job.res.nodes == 1 and b.free_gpus >= job.res.gpus \
-                and holds(b.offer, job) and market_allowed(b.offer, job, cls, spot_ok) \
-                and (limit is None or job_share_per_hour(b.offer, job) <= limit):
-            run = runtime_on(cycle, job, b.offer.gpu_model, unknown)
-            extra = max(0.0, now + costs.boot(b.offer) + run - b.runs_until)
-            cands.append(_Choice(b.offer, costs.expected_cost(b.offer, job, extra)
-                                 if extra > 0 else 0.0, b))
-    if not cands:
-        cycle.pending[job.id] = Reason(
-            "OverMaxPrice", f"every offer that could hold it costs more than its "
-            f"max_price_per_hour (${limit:g})") if over else Reason(
-            "NoOffer", "no cloud offer within its region quotas boots in time")
-        return None
-    # ranked by the objective (policies/carbon/objective.py): the dollars themselves by default
-    return min(cands, key=lambda c: (rank_value(
-        cycle, job, c.offer, c.cost, runtime_on(cycle, job, c.offer.gpu_model, unknown),
-        target, costs.boot(c.offer)), c.bin is None, c.offer.id))
-
-
-def _spot_ok(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
-             offers: list[Offer]) -> bool:
-    """Spot for a job with a deadline only when the deadline rule takes it now."""
-    return job.spec.deadline is None or deadline_burst.market_for(cycle, job, costs) == "spot"
-
-
-def _book(cycle: Cycle, job: Job, c: _Choice, room: dict[tuple[str, str], float],
-          new: list[Bin], start: float, made_room_for: str = "", early: bool = False) -> None:
-    now = cycle.now
-    boot = float(c.offer.extra.get("boot_s", cycle.settings("sla")["boot_s"]))
-    run = runtime_on(cycle, job, c.offer.gpu_model, float(cycle.settings("sla")
-                                                          ["unknown_runtime_s"]))
-    b = c.bin
-    if b is None:
-        b = Bin(c.offer, c.offer.gpu_count, now + boot, now + boot, count=job.res.nodes)
-        new.append(b)
-        room[(c.offer.provider, c.offer.region)] = room.get(
-            (c.offer.provider, c.offer.region), math.inf) - c.offer.gpu_count * job.res.nodes
-    b.free_gpus -= job.res.gpus
-    b.runs_until = max(b.runs_until, now + boot + run)
-    b.jobs.append(job.id)
-    why = f"it makes room on-prem for {made_room_for}, whose SLA would break and who would " \
-          "cost more in the cloud" if made_room_for else outlook.why_burst(job, start, now) + (
-            " (spot now, while there is some)" if early else "")
-    cycle.pending[job.id] = Reason(
-        "Bursting", f"{why}; renting {c.offer.id} (${c.offer.price_per_hour:g}/h), expected "
-        f"${c.cost:.2f} to finish it, ready in ~{dur(boot)}")
