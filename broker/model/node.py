@@ -1,6 +1,6 @@
 """Nodes: hosts running a worker agent, their GPUs, and the node state table.
 
-Where the store changes a node's state today (``broker/store/base.py``, ``memory.py``,
+Where the store changes a node's state today (``broker/store/nodes.py``, ``memory.py``,
 ``redis.py``), and the edge of :data:`NODE_TRANSITIONS` each change is:
 
 - ``set_node_state`` (``spillway drain`` / ``resume``): READY <-> DRAINING, and a DOWN node

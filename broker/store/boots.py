@@ -1,5 +1,5 @@
 """How long the providers' machines take to boot: a running estimate per offer, learned from
-the machines Spillway rented (a mixin's rules, kept by :class:`~broker.store.base.BaseStore`).
+the machines Spillway rented (the rules; :class:`~broker.store.machines.Machines` serves them).
 
 A machine's boot is the time from its launch request (the record's ``requested_at``: the
 cycle that planned it) to its agent registering (the lifecycle pass that moves its record
