@@ -2,16 +2,16 @@
 
 :func:`offers_for` the offers that could hold a job; :func:`cheapest` the one with the lowest
 expected cost to finish it (or an instance launched this cycle with room for it), within its
-``max_price_per_hour``, its region's quota and the market the deadline rule takes;
+``max_price_per_hour``, its region's quota and the market the deadline rule takes, or the
+reason there is none (it writes no reason: its callers decide whether the job is told);
 :func:`book` rents it (or joins the instance) and gives the job its ``Bursting`` reason.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from policies.burst import deadline as deadline_burst
@@ -19,6 +19,7 @@ from policies.burst import outlook
 from policies.burst.offers import (
     Bin,
     CostModel,
+    Phase,
     holds,
     job_share_per_hour,
     market_allowed,
@@ -57,14 +58,16 @@ def offers_for(cycle: Cycle, job: Job, cls: PriorityClass) -> list[Offer]:
     return out
 
 
-def cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
-              costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
-              new: list[Bin], target: float) -> Choice | None:
-    """The offer (or an instance launched this cycle with room) with the lowest expected cost
-    to finish ``job``, or None with the reason set."""
+def cheapest(p: Phase, job: Job, cls: PriorityClass, offers: list[Offer], target: float,
+             join: Sequence[Bin] = ()) -> Choice | Reason | None:
+    """The offer (or an instance of ``join``, launched this cycle, with room) with the lowest
+    expected cost to finish ``job``; else the reason there is none (``OverMaxPrice``,
+    ``NoOffer``), for the caller to give the job or not; None when the deadline rule has the
+    job wait (that rule gives it its reason: policies/burst/deadline.py ``market_for``)."""
+    cycle, costs = p.cycle, p.costs
     now, limit = cycle.now, job.spec.max_price_per_hour
-    unknown = float(cfg["unknown_runtime_s"])
-    spot_ok = may_take_spot(cycle, job, cfg, costs, offers)
+    unknown = float(p.cfg["unknown_runtime_s"])
+    spot_ok = may_take_spot(cycle, job, costs)
     if job.spec.deadline is not None and deadline_burst.market_for(cycle, job, costs) == "wait":
         return None
     cands: list[Choice] = []
@@ -77,49 +80,51 @@ def cheapest(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
         if limit is not None and job_share_per_hour(o, job) > limit:
             over += 1
             continue
-        if room.get((o.provider, o.region), math.inf) < o.gpu_count * job.res.nodes:
+        if p.room.get((o.provider, o.region), math.inf) < o.gpu_count * job.res.nodes:
             continue
         if now + costs.boot(o) > target and now < target:
             continue  # its boot would not fit the SLA while a faster one might
         run = runtime_on(cycle, job, o.gpu_model, unknown)
         cands.append(Choice(o, costs.expected_cost(o, job, run), None))
-    for b in new:  # join an instance this cycle launches: pay only the hours it adds
+    for b in join:  # join an instance this cycle launches: pay only the hours it adds
         if b.count == 1 and job.res.nodes == 1 and b.free_gpus >= job.res.gpus \
                 and holds(b.offer, job) and market_allowed(b.offer, job, cls, spot_ok) \
                 and (limit is None or job_share_per_hour(b.offer, job) <= limit):
             run = runtime_on(cycle, job, b.offer.gpu_model, unknown)
             extra = max(0.0, now + costs.boot(b.offer) + run - b.runs_until)
             cands.append(Choice(b.offer, costs.expected_cost(b.offer, job, extra)
-                                 if extra > 0 else 0.0, b))
+                                if extra > 0 else 0.0, b))
     if not cands:
-        cycle.pending[job.id] = Reason(
+        return Reason(
             "OverMaxPrice", f"every offer that could hold it costs more than its "
             f"max_price_per_hour (${limit:g})") if over else Reason(
             "NoOffer", "no cloud offer within its region quotas boots in time")
-        return None
     # ranked by the objective (policies/carbon/objective.py): the dollars themselves by default
     return min(cands, key=lambda c: (rank_value(
         cycle, job, c.offer, c.cost, runtime_on(cycle, job, c.offer.gpu_model, unknown),
         target, costs.boot(c.offer)), c.bin is None, c.offer.id))
 
 
-def may_take_spot(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
-             offers: list[Offer]) -> bool:
+def may_take_spot(cycle: Cycle, job: Job, costs: CostModel) -> bool:
     """Spot for a job with a deadline only when the deadline rule takes it now."""
     return job.spec.deadline is None or deadline_burst.market_for(cycle, job, costs) == "spot"
 
 
-def book(cycle: Cycle, job: Job, c: Choice, room: dict[tuple[str, str], float],
-          new: list[Bin], start: float, made_room_for: str = "", early: bool = False) -> None:
+def book(p: Phase, job: Job, c: Choice, start: float, made_room_for: str = "",
+         early: bool = False) -> None:
+    """Rent ``c`` for ``job`` (a new instance in ``p.new``, its GPUs taken from its region's
+    ``p.room``; or a place on the instance it shares) and give the job its ``Bursting``
+    reason (``start``: its on-prem forecast; ``made_room_for``: the job behind it that it
+    bursts to make room for; ``early``: spot before its decision time)."""
+    cycle = p.cycle
     now = cycle.now
-    boot = float(c.offer.extra.get("boot_s", cycle.settings("sla")["boot_s"]))
-    run = runtime_on(cycle, job, c.offer.gpu_model, float(cycle.settings("sla")
-                                                          ["unknown_runtime_s"]))
+    boot = float(c.offer.extra.get("boot_s", p.cfg["boot_s"]))
+    run = runtime_on(cycle, job, c.offer.gpu_model, float(p.cfg["unknown_runtime_s"]))
     b = c.bin
     if b is None:
         b = Bin(c.offer, c.offer.gpu_count, now + boot, now + boot, count=job.res.nodes)
-        new.append(b)
-        room[(c.offer.provider, c.offer.region)] = room.get(
+        p.new.append(b)
+        p.room[(c.offer.provider, c.offer.region)] = p.room.get(
             (c.offer.provider, c.offer.region), math.inf) - c.offer.gpu_count * job.res.nodes
     b.free_gpus -= job.res.gpus
     b.runs_until = max(b.runs_until, now + boot + run)

@@ -29,14 +29,12 @@ to the deadline rule (policies/burst/spot_deadline.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from broker.cycle.plan import Preempt
 from broker.model import Instance, InstanceState, Job
 from broker.model.state import EvictionKind, JobState
 from policies import reasons
-from policies.burst.offers import CostModel, alone_on, billed_gpus
+from policies.burst.offers import Phase, alone_on, billed_gpus
 from policies.cycle import Cycle
 
 HOME_DEFAULTS: dict[str, float] = {
@@ -61,8 +59,9 @@ def home_gain(remaining_s: float, rent_per_h: float, gpus: int, restart_s: float
     return stay - move
 
 
-def home_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel) -> None:
+def home_moves(p: Phase) -> None:
     """Stop the jobs worth bringing home, each onto on-prem GPUs this cycle leaves free."""
+    cycle, cfg, costs = p.cycle, p.cfg, p.costs
     if not cfg["home_move"] or cycle.blocked:
         return
     by_node = {i.node_id: i for i in cycle.snap.instances

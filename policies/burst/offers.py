@@ -153,6 +153,23 @@ class Bin:
     count: int = 1  # instances (a gang takes one per node)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """What the steps of the burst phase share in one cycle (policies/burst/sla.py): the cycle,
+    its burst policy's settings (``cfg``) and the cost model read from them, the GPUs each
+    region's quota still allows (``room``, less this cycle's launches so far), the instances
+    this cycle launches (``new``), and the queue's jobs that will not run on-prem
+    (``leaving``: bursting, or waiting for a machine booting for them). The fields are fixed;
+    what ``room``, ``new`` and ``leaving`` hold changes as the phase goes."""
+
+    cycle: Cycle
+    cfg: Mapping[str, Any]
+    costs: CostModel
+    room: dict[tuple[str, str], float]
+    new: list[Bin] = field(default_factory=list)
+    leaving: set[str] = field(default_factory=set)
+
+
 @dataclass
 class _ById:
     """A cycle's memo: the snapshot's offers by id, once asked."""

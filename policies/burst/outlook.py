@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from broker.model import BurstOutlook, Job, Offer, Reason
-from policies.burst.offers import CostModel, offers_by_id
+from policies.burst.offers import CostModel, Phase, offers_by_id
 from policies.carbon.objective import Objective
 from policies.cycle import Cycle
 from policies.reasons import dur
@@ -45,18 +45,22 @@ def outlook(job: Job, offer: Offer, boot_s: float, burst_at: float, sla_at: floa
         price_per_hour=offer.price_per_hour, boot_s=boot_s, cloud_only=cloud_only(job))
 
 
-def tell(cycle: Cycle, job: Job, offers: Sequence[Offer], costs: CostModel,
-         cfg: Mapping[str, Any], burst_at: float, sla_at: float,
-         room: Mapping[tuple[str, str], float], rented: int,
-         choose: Callable[[], Offer | None], onprem_start: Callable[[], float]) -> None:
+def tell(p: Phase, job: Job, offers: Sequence[Offer], burst_at: float, sla_at: float,
+         choose: Callable[[], Offer | Reason | None], onprem_start: Callable[[], float]) -> None:
     """Set the reason of ``job``, left waiting for its decision time ``burst_at``: ``choose()``
-    the offer it would rent now (None: none, with the reason set), ``onprem_start()`` its
-    forecast. ``costs``, ``cfg``: the burst policy's; ``room``: the GPUs each region's quota
-    still allows (less this cycle's bursts so far: ``rented`` machines)."""
+    the offer it would rent now, or the reason it has none (None: the deadline rule has it
+    wait, and gave it its reason), ``onprem_start()`` its forecast. The burst phase ``p``
+    gives the settings, the costs and the GPUs each region's quota still allows (``p.room``,
+    less this cycle's bursts so far: ``p.new``)."""
+    cycle, costs, cfg = p.cycle, p.costs, p.cfg
     kept = cycle.pending.get(job.id)
-    offer = _likely(cycle, job, room, rented, costs, choose)
-    if offer is None:  # (the reason it set is what its decision time would say)
-        refusal = cycle.pending.pop(job.id)
+    offer = _likely(cycle, job, p.room, len(p.new), costs, choose)
+    if not isinstance(offer, Offer):  # (the refusal is what its decision time would say)
+        if offer is None:
+            refusal = cycle.pending.pop(job.id)
+        else:
+            cycle.pending.pop(job.id, None)
+            refusal = offer
         if cloud_only(job):
             cycle.pending[job.id] = no_offer_then(job, refusal, burst_at, cycle.now)
         elif kept is not None:
@@ -112,7 +116,8 @@ def _fastest(cycle: Cycle, offers: Sequence[Offer], costs: CostModel) -> float:
 
 
 def _likely(cycle: Cycle, job: Job, room: Mapping[tuple[str, str], float], rented: int,
-            costs: CostModel, choose: Callable[[], Offer | None]) -> Offer | None:
+            costs: CostModel, choose: Callable[[], Offer | Reason | None]
+            ) -> Offer | Reason | None:
     """``choose()``, kept across cycles (``cycle.memory.outlooks``) per shape of job and
     estimate while the offers, the region quotas left and the cost settings are the same:
     the outlook of every waiting job of a deep queue, every cycle, would otherwise cost the
@@ -125,16 +130,16 @@ def _likely(cycle: Cycle, job: Job, room: Mapping[tuple[str, str], float], rente
         bool(job.spec.checkpoint_dir), cycle.estimate(job))
     hit = memo.get(key) if key is not None else None
     if hit is None:
-        offer = choose()
+        got = choose()
         if key is not None:
             if len(memo) > 100_000:
                 memo.clear()
-            memo[key] = (offer.id if offer else None,
-                         None if offer else cycle.pending[job.id])
-        return offer
-    if hit[1] is not None:
-        cycle.pending[job.id] = hit[1]
-    return offers_by_id(cycle)[hit[0]] if hit[0] is not None else None
+            memo[key] = (got.id, None) if isinstance(got, Offer) else (None, got)
+        return got
+    if hit[0] is not None:
+        return offers_by_id(cycle)[hit[0]]
+    why: Reason | None = hit[1]
+    return why
 
 
 def _room(cycle: Cycle, room: Mapping[tuple[str, str], float], rented: int

@@ -47,9 +47,7 @@ clusters are unchanged. Reasons: ``Bursting``, ``BurstNotWorthIt``, ``OverMaxPri
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from broker.model import Job, Offer, PriorityClass, Reason
 from broker.model.state import EvictionKind, JobState
@@ -60,8 +58,8 @@ from policies.burst.evictions import drop_evictions_for, victims_cost
 from policies.burst.forecast import QueueForecast, made_room_for, onprem_start, onprem_starts
 from policies.burst.home import HOME_DEFAULTS, home_moves
 from policies.burst.offers import (
-    Bin,
     CostModel,
+    Phase,
     booting_bins,
     emit,
     may_burst,
@@ -119,11 +117,9 @@ def sla_burst(cycle: Cycle) -> None:
     costs = CostModel.of(cfg)
     deadline_burst.revisit(cycle, costs)  # jobs with a deadline on on-demand: stay or leave
     booting = booting_bins(cycle, costs.boot_s)
-    room = region_room(cycle)
+    p = Phase(cycle, cfg, costs, region_room(cycle))
     booting = moving_bins(cycle, booting)  # (kept for the jobs moving to spot)
-    new: list[Bin] = []
     jobs = {j.id: j for j in cycle.blocked}
-    leaving: set[str] = set()
     room_for, prefer = made_room_for(cycle), float(cfg["preempt_or_burst"])
     for pos, job in enumerate(cycle.blocked):
         try:  # (a job it fails on is set aside: policies/cycle.py deciding)
@@ -136,18 +132,18 @@ def sla_burst(cycle: Cycle) -> None:
                 continue  # evictions make room for it on-prem (preempt_or_burst 0)
             b = take_booting(booting, job, cls)
             if b is not None:
-                leaving.add(job.id)
+                p.leaving.add(job.id)
                 cycle.pending[job.id] = waiting_reason(b, cycle.now)
                 continue
-            if _decide(cycle, job, cls, cfg, costs, room, new, pos, leaving):
-                leaving.add(job.id)
+            if _decide(p, job, cls, pos):
+                p.leaving.add(job.id)
         except Exception as e:
             if not cycle.fail(job, e):
                 raise
-    spot_moves(cycle, cfg, costs, room)
-    home_moves(cycle, cfg, costs)
-    drop_evictions_for(cycle, leaving)
-    emit(cycle, new, jobs)
+    spot_moves(p)
+    home_moves(p)
+    drop_evictions_for(cycle, p.leaving)
+    emit(cycle, p.new, jobs)
 
 
 def _breaks(cycle: Cycle, job: Job) -> bool:
@@ -155,10 +151,9 @@ def _breaks(cycle: Cycle, job: Job) -> bool:
     return cls is not None and cycle.now > target_of(job, cls)
 
 
-def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
-            costs: CostModel, room: dict[tuple[str, str], float], new: list[Bin], pos: int,
-            leaving: set[str]) -> bool:
-    """Burst ``job`` now (True: a bin in ``new`` holds it), or leave it with a reason."""
+def _decide(p: Phase, job: Job, cls: PriorityClass, pos: int) -> bool:
+    """Burst ``job`` now (True: a bin in ``p.new`` holds it), or leave it with a reason."""
+    cycle, cfg, costs = p.cycle, p.cfg, p.costs
     now = cycle.now
     offers = offers_for(cycle, job, cls)
     if not offers:
@@ -170,18 +165,16 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
     slowest = max(costs.boot(o) for o in offers)
     decide_at = target - slowest - float(cfg["margin_s"])
     if now < decide_at:
-        early = _early_spot(cycle, job, cls, cfg, costs, offers, room, new, pos, leaving,
-                            target)
+        early = _early_spot(p, job, cls, offers, pos, target)
         if early is None:
             wake(cycle, decide_at)
-            outlook.tell(cycle, job, offers, costs, cfg, decide_at, target, room, len(new),
-                         lambda: _offer(cheapest(cycle, job, cls, cfg, costs, offers, room, [],
-                                                  target)),
-                         lambda: _forecast(cycle).start(pos, leaving))
+            outlook.tell(p, job, offers, decide_at, target,
+                         lambda: _offer(cheapest(p, job, cls, offers, target)),
+                         lambda: _forecast(cycle).start(pos, p.leaving))
             return False
-        book(cycle, job, early[0], room, new, early[1], early=True)
+        book(p, job, early[0], early[1], early=True)
         return True
-    start = _forecast(cycle).start(pos, leaving)
+    start = _forecast(cycle).start(pos, p.leaving)
     fastest = min(costs.boot(o) for o in offers)
     spare = fastest if cfg["stay_needs_boot"] else 0.0
     if start <= target - spare and job.id not in made_room_for(cycle):
@@ -207,31 +200,32 @@ def _decide(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
                 "BurstNotWorthIt", "its SLA cannot be met any more, and no spot offer is "
                 "available now (on-demand would buy only time)")
             return False
-    choice = cheapest(cycle, job, cls, cfg, costs, offers, room, new, target)
-    if choice is None:
+    choice = cheapest(p, job, cls, offers, target, p.new)
+    if not isinstance(choice, Choice):
+        if choice is not None:
+            cycle.pending[job.id] = choice  # (why it has no offer)
         return False
     if evict_cost is not None and float(cfg["preempt_or_burst"]) == 1.0 \
             and choice.cost >= evict_cost:
         return False  # preempting costs the victims less than the cloud would
-    if evict_cost is None and _make_room(cycle, job, cfg, costs, room, new, pos, leaving,
-                                         target - spare, choice.cost):
+    if evict_cost is None and _make_room(p, job, pos, target - spare, choice.cost):
         return False  # cheaper jobs ahead of it burst instead; it starts on-prem in time
-    book(cycle, job, choice, room, new, start)
+    book(p, job, choice, start)
     return True
 
 
-def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, Any],
-                costs: CostModel, offers: list[Offer], room: dict[tuple[str, str], float],
-                new: list[Bin], pos: int, leaving: set[str], target: float
-                ) -> tuple[Choice, float] | None:
+def _early_spot(p: Phase, job: Job, cls: PriorityClass, offers: list[Offer], pos: int,
+                target: float) -> tuple[Choice, float] | None:
     """Spot now, before the decision time, for a job that on-prem is forecast to leave past
     its SLA: spot comes and goes, and at the decision time only on-demand (about three times
     the price) may be left. The forecast is optimistic (it pools GPUs and ignores later
-    arrivals), so a breach it foresees is likely. None: wait for the decision time."""
+    arrivals), so a breach it foresees is likely. None: wait for the decision time (the job
+    is told nothing here)."""
+    cycle, cfg = p.cycle, p.cfg
     if not cfg["early_spot"] or job.id in made_room_for(cycle):
         return None
     spot = [o for o in offers if o.market.value == "spot"]
-    if not spot or not may_take_spot(cycle, job, cfg, costs, spot):
+    if not spot or not may_take_spot(cycle, job, p.costs):
         return None
     start = math.inf
     if not (cfg["spot_failover"] and _spot_interrupted(job)):
@@ -241,22 +235,17 @@ def _early_spot(cycle: Cycle, job: Job, cls: PriorityClass, cfg: Mapping[str, An
             starts = memo.early_starts = onprem_starts(cycle, cycle.blocked)
         if starts.get(job.id, math.inf) <= target:
             return None
-        start = _forecast(cycle).start(pos, leaving)
+        start = _forecast(cycle).start(pos, p.leaving)
         if start <= target:
             return None
-    kept = cycle.pending.get(job.id)
-    choice = cheapest(cycle, job, cls, cfg, costs, spot, room, new, target)
-    if choice is None or choice.offer.market.value != "spot":
-        if kept is None:
-            cycle.pending.pop(job.id, None)
-        else:
-            cycle.pending[job.id] = kept
+    choice = cheapest(p, job, cls, spot, target, p.new)
+    if not isinstance(choice, Choice) or choice.offer.market.value != "spot":
         return None
     return choice, start
 
 
-def _offer(c: Choice | None) -> Offer | None:
-    return c.offer if c is not None else None
+def _offer(c: Choice | Reason | None) -> Offer | Reason | None:
+    return c.offer if isinstance(c, Choice) else c
 
 
 def _forecast(cycle: Cycle) -> QueueForecast:
@@ -274,19 +263,18 @@ def _spot_interrupted(job: Job) -> bool:
     return stop is not None and stop.kind is EvictionKind.SPOT
 
 
-def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
-               room: dict[tuple[str, str], float], new: list[Bin], pos: int,
-               leaving: set[str], target: float, own_cost: float) -> bool:
+def _make_room(p: Phase, job: Job, pos: int, target: float, own_cost: float) -> bool:
     """Burst jobs ahead of ``job`` instead, cheapest per GPU first, if that costs less than
     bursting ``job`` and lets on-prem start it by ``target`` (its SLA less the boot to spare of
     ``stay_needs_boot``): a long job at the back of the queue costs more in the cloud than the
     short ones ahead of it."""
+    cycle = p.cycle
     ahead = cycle.blocked[:pos]
-    limit = int(cfg["make_room_max_jobs"])
+    limit = int(p.cfg["make_room_max_jobs"])
     cands: list[tuple[float, Job, Choice]] = []
     for a in ahead:
         try:  # (zero cost when nothing raises: this loop is long)
-            if a.id in leaving:
+            if a.id in p.leaving:
                 continue
             acls = may_burst(cycle, a)
             if acls is None or a.res.nodes > 1:
@@ -295,16 +283,18 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
             if not offers:
                 continue
             kept = cycle.pending.get(a.id)
-            c = cheapest(cycle, a, acls, cfg, costs, offers, room, [], target_of(a, acls))
-            if kept is not None:
-                cycle.pending[a.id] = kept
-            if c is not None:
+            c = cheapest(p, a, acls, offers, target_of(a, acls))
+            if kept is not None:  # (the deadline rule, asked the first time, may tell it to
+                cycle.pending[a.id] = kept  # wait: not what this job is told here)
+            elif isinstance(c, Reason):
+                cycle.pending[a.id] = c  # (a job told nothing yet is told why it has no offer)
+            if isinstance(c, Choice):
                 cands.append((c.cost / max(1, a.res.total_gpus), a, c))
         except Exception as e:  # (a job it fails on is set aside, as with deciding)
             if not cycle.fail(a, e):
                 raise
     cands.sort(key=lambda x: (x[0], x[1].id))
-    trial, total, chosen = set(leaving), 0.0, []
+    trial, total, chosen = set(p.leaving), 0.0, []
     for _, a, c in cands[:limit]:
         total += c.cost
         if total >= own_cost:
@@ -313,8 +303,8 @@ def _make_room(cycle: Cycle, job: Job, cfg: Mapping[str, Any], costs: CostModel,
         chosen.append((a, c))
         if onprem_start(cycle, job, ahead, trial) <= target:
             for b, bc in chosen:
-                book(cycle, b, bc, room, new, math.inf, made_room_for=job.id)
-                leaving.add(b.id)
+                book(p, b, bc, math.inf, made_room_for=job.id)
+                p.leaving.add(b.id)
             return True
     return False
 

@@ -29,6 +29,7 @@ from broker.model.state import EvictionKind, JobState
 from policies.burst.offers import (
     Bin,
     CostModel,
+    Phase,
     alone_on,
     holds,
     job_share_per_hour,
@@ -73,9 +74,9 @@ def moving_bins(cycle: Cycle, booting: list[Bin]) -> list[Bin]:
     return [b for b in booting if b.request_id not in moving]
 
 
-def spot_moves(cycle: Cycle, cfg: Mapping[str, Any], costs: CostModel,
-               room: dict[tuple[str, str], float]) -> None:
+def spot_moves(p: Phase) -> None:
     """Launch spot for the jobs worth moving, and stop those whose spot machine is up."""
+    cycle, cfg, costs, room = p.cycle, p.cfg, p.costs, p.room
     if not cfg["spot_move"]:
         return
     moves = _moves(cycle)

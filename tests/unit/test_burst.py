@@ -246,3 +246,27 @@ def test_a_job_a_spot_interruption_sent_back_takes_spot_again_at_once() -> None:
         [(SPOT.id, 1, ("p",))]
     assert launched(cycle([back(EvictionKind.PRIORITY)], active=soon, settings=on)) == []
     assert launched(cycle([back(EvictionKind.SPOT)], active=soon)) == []  # off by default
+
+
+def test_cheapest_returns_its_reason_and_tells_the_job_nothing() -> None:
+    """``cheapest`` (policies/burst/choice.py) gives the offer, or the reason there is none,
+    and leaves the job's reason to its caller; the burst phase's shared state is one
+    ``Phase``."""
+    from broker.cycle.scheduler import CycleState
+    from broker.model import Reason
+    from policies.burst.choice import Choice, cheapest, offers_for
+    from policies.burst.offers import CostModel, Phase, region_room
+
+    dear, fine = late("dear", max_price_per_hour=0.5), late("fine", max_price_per_hour=1.0)
+    s = snap([node("a", 4)], [dear, fine], [running("r", 4, time_limit=20 * H)], now=NOW,
+             offers=(SPOT, OD), settings={"sla": {}})
+    cycle = CycleState(s, SLA, NOW)
+    cfg = cycle.settings("sla")
+    p = Phase(cycle, cfg, CostModel.of(cfg), region_room(cycle))
+    cls = s.class_by_name["normal"]
+    before = dict(cycle.pending)
+    got = cheapest(p, dear, cls, offers_for(cycle, dear, cls), NOW + 100)
+    assert isinstance(got, Reason) and got.code == "OverMaxPrice"
+    ok = cheapest(p, fine, cls, offers_for(cycle, fine, cls), NOW + 100)
+    assert isinstance(ok, Choice) and ok.offer == SPOT and ok.bin is None
+    assert cycle.pending == before and p.new == [] and p.leaving == set()
