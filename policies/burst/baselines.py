@@ -38,7 +38,7 @@ from policies.burst.offers import (
     waiting_reason,
 )
 from policies.burst.sla import target_of
-from policies.cycle import Cycle
+from policies.cycle import Cycle, wake
 from policies.registry import register
 
 Due = Callable[[Cycle, Job, PriorityClass], float]  # when a job may burst
@@ -63,8 +63,7 @@ def _run(cycle: Cycle, name: str, spot: bool, due: Due) -> None:
                 continue
             at = due(cycle, job, cls)
             if cycle.now < at:
-                if cycle.wake_at is None or at < cycle.wake_at:
-                    cycle.wake_at = at
+                wake(cycle, at)
                 continue
             offer = _cheapest(cycle, job, cls, spot, room)
             if offer is None:
