@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import Any, TypeGuard
 
@@ -41,18 +41,26 @@ def is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
+def _entries(raw: list[Any], keys: tuple[str, ...], where: str
+             ) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+    """Each entry of a list of named mappings (classes, teams): (where it is, the entry, its
+    name), once it is a mapping of known keys with a non-empty name."""
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{at}: must be a mapping with {', '.join(keys)}")
+        check_keys(item, keys, at)
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+        yield at, item, name
+
+
 def parse_classes(raw: Any, where: str = "config classes") -> tuple[PriorityClass, ...]:
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{where}: must be a non-empty list of {{name, rank, sla_s, ...}}")
     out: list[PriorityClass] = []
-    for i, item in enumerate(raw):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{at}: must be a mapping with {', '.join(CLASS_KEYS)}")
-        check_keys(item, CLASS_KEYS, at)
-        name = item.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+    for at, item, name in _entries(raw, CLASS_KEYS, where):
         if any(c.name == name for c in out):
             raise ConfigError(f"{at}.name: {name!r} repeats an earlier class; names must be "
                               "unique")
@@ -111,14 +119,7 @@ def parse_teams(raw: Any, where: str = "config teams") -> tuple[Team, ...]:
         raise ConfigError(f"{where}: must be a list of {{name, weight, quota_gpus, "
                           "class_caps}}")
     out: list[Team] = []
-    for i, item in enumerate(raw):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{at}: must be a mapping with {', '.join(TEAM_KEYS)}")
-        check_keys(item, TEAM_KEYS, at)
-        name = item.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{at}.name: {name!r} must be a non-empty string")
+    for at, item, name in _entries(raw, TEAM_KEYS, where):
         if any(t.name == name for t in out):
             raise ConfigError(f"{at}.name: team {name!r} is listed twice; names must be unique")
         weight = item.get("weight", 1.0)
